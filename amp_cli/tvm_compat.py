@@ -6,6 +6,7 @@ so ``amp --help`` never pays for TVM.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -132,3 +133,154 @@ def load_json(text: str):
 def compile_relax(mod, target, relax_pipeline, tir_pipeline="default"):
     return tvm().compile(mod, target=target, relax_pipeline=relax_pipeline,
                          tir_pipeline=tir_pipeline)
+
+
+def onnx_supported_ops() -> set:
+    """ONNX op types TVM's Relax importer converts."""
+    tvm()
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return set(onnx_frontend._get_convert_map()) | {"If", "Constant"}
+
+
+@contextlib.contextmanager
+def onnx_node_naming():
+    """While importing, name each ONNX node's final Relax binding 'onnx:<node name>' so that
+    per-node precision decisions and reports can refer to ONNX node names. Yields a dict holding
+    the node being converted (for error messages)."""
+    tvm()
+    from tvm import relax as _relax
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    cls = onnx_frontend.ONNXGraphImporter
+    original = cls._convert_operator
+    current: dict = {}
+    constant = tvm().ir.expr.Constant
+
+    def convert(self, op_name, inputs, attrs, opset):
+        name = (attrs.get("tvm_custom") or {}).get("name") or op_name
+        current["node"], current["op"] = name, op_name
+        sym = original(self, op_name, inputs, attrs, opset)
+        if (isinstance(sym, _relax.Expr) and isinstance(getattr(sym, "ty", None), _relax.TensorType)
+                and not isinstance(sym, (_relax.Var, constant))):
+            sym = self.bb.emit(sym, name_hint="onnx:" + name)
+        return sym
+
+    cls._convert_operator = convert
+    try:
+        yield current
+    finally:
+        cls._convert_operator = original
+
+
+def _walk_modules(mod, seen=None):
+    seen = seen if seen is not None else set()
+    for sub in mod.imports:
+        key = id(sub)
+        if key in seen:
+            continue
+        seen.add(key)
+        yield sub
+        yield from _walk_modules(sub, seen)
+
+
+def cuda_source(executable) -> str:
+    """The generated CUDA C++ of a compiled Relax executable ('' when there is none)."""
+    root = executable.mod if hasattr(executable, "mod") else executable
+    parts = []
+    for sub in _walk_modules(root):
+        if sub.kind == "cuda":
+            for fmt in ("cu", ""):
+                try:
+                    src = sub.inspect_source(fmt)
+                except Exception:  # noqa: BLE001 - format not available
+                    continue
+                if src and "__global__" in src:
+                    parts.append(src)
+                    break
+    return "\n".join(parts)
+
+
+def prim_func_class():
+    """TIR's PrimFunc class (``tvm.tirx`` in 0.27, ``tvm.tir`` before)."""
+    t = tvm()
+    return (t.tirx if hasattr(t, "tirx") else t.tir).PrimFunc
+
+
+# --- lane legalizer / CUDA pipeline support (amp_cli.legalize) --------------------------------
+# 0.27 renamed tvm.tir -> tvm.tirx and tvm.arith -> tvm.sym, lowered TIR uses Bind statements and
+# ir.TensorLoad, and tvm.tirx.build only accepts a *registered pipeline name* as tir_pipeline
+# (it asserts isinstance(pipeline, str)), so a custom pipeline is registered under a name.
+
+def tirx():
+    tvm()
+    import tvm.tirx as _tirx
+
+    return _tirx
+
+
+def s_tir():
+    tvm()
+    import tvm.s_tir as _s_tir
+
+    return _s_tir
+
+
+def analyzer():
+    tvm()
+    from tvm.sym import Analyzer
+
+    return Analyzer()
+
+
+def structural_mutate(root, callbacks):
+    """tvm_ffi.structural_mutate: typed callbacks (node, mutator) that own their recursion."""
+    tvm()
+    import tvm_ffi
+
+    return tvm_ffi.structural_mutate(root, callbacks)
+
+
+def prim_func_pass(fn, name: str, opt_level: int = 0):
+    return tvm().tirx.transform.prim_func_pass(fn, opt_level=opt_level, name=name)
+
+
+def register_tir_pipeline(name: str, factory) -> str:
+    """Register ``factory() -> (main_pass, finalize_host_fn, finalize_device_fn)`` under
+    ``name`` (what tvm.compile(..., tir_pipeline=name) looks up); returns ``name``."""
+    tvm()
+    from tvm.tirx import compilation_pipeline as _cp
+
+    _cp.register_tir_pipeline(name, factory)
+    return name
+
+
+def unregister_tir_pipeline(name: str) -> None:
+    tvm()
+    from tvm.tirx import compilation_pipeline as _cp
+
+    _cp.PIPELINE_MAP.pop(name, None)
+
+
+def default_tir_finalize_passes():
+    """(finalize_host_passes, finalize_device_passes) factories of TVM's default pipeline."""
+    tvm()
+    from tvm.s_tir import pipeline as _sp
+
+    return _sp.finalize_host_passes, _sp.finalize_device_passes
+
+
+def cuda_module_source(executable) -> str:
+    """CUDA C source of a tvm.compile result for a CUDA target (no GPU or nvcc needed:
+    without a CUDA driver 0.27 keeps the generated source in the imported device module)."""
+    mod = getattr(executable, "mod", executable)
+    stack, seen, out = [mod], set(), []
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m.kind == "cuda":
+            out.append(m.inspect_source())
+        stack.extend(m.imports)
+    return "\n".join(out)

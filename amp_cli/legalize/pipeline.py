@@ -1,0 +1,139 @@
+"""amp's CUDA TIR pipeline: TVM 0.27's default s_tir pipeline + the lane legalizer.
+
+Why here: ``VectorizeLoop`` is the pass that turns ``T.vectorized`` loops into vector
+expressions (Ramp/Broadcast/vector loads), so illegal lane counts first exist right after it;
+everything before works on scalar loop bodies. The legalizer runs immediately after it, before
+``InjectVirtualThread``/``StorageRewrite``/``UnrollLoop``/``CommonSubexprElim``: CSE would otherwise
+bind illegal vectors to variables and spread them over several statements. A second, normally
+no-op run sits at the end of the device finalization (after ``LowerIntrin``, right before
+``target.build.cuda``) as a safety net for anything a later pass creates.
+
+tvm.compile -> tvm.tirx.build only accepts a *registered* pipeline name in 0.27 (it asserts
+``isinstance(pipeline, str)``; a Pass object is rejected), and the default s_tir pipeline builds
+its pass list inside a closure, so the list is reproduced here (``_s_tir_main_passes``) with the
+legalizer inserted; ``tests/test_legalize.py::test_pipeline_matches_tvm_default`` runs both on a
+module with pass instrumentation and fails if TVM's list drifts.
+"""
+from __future__ import annotations
+
+import itertools
+
+from .. import tvm_compat
+
+_COUNTER = itertools.count()
+LEGALIZER_PASS_NAME = "amp.LaneLegalize"
+
+
+def _s_tir_main_passes(config, legalize_pass):
+    """apache-tvm 0.27.0.post1 ``tvm.s_tir.pipeline.default_s_tir_pipeline`` pass list, with
+    ``legalize_pass`` inserted right after VectorizeLoop (None: stock list)."""
+    s_tir, tirx = tvm_compat.s_tir(), tvm_compat.tirx()
+    passes = [
+        s_tir.transform.CanonicalizeLoop(),
+        s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(),
+        s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerAutoCopy(),
+        s_tir.transform.UnifyThreadBinding(),
+        s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(),
+        s_tir.transform.InjectPermutedLayout(),
+        s_tir.transform.AnnotateIrregularLoop(),
+        s_tir.transform.InjectSoftwarePipeline(),
+        s_tir.transform.TransformMmaBufferLayout(),
+        s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(),
+        tirx.transform.BF16ComputeLegalize(),
+        tirx.transform.NarrowDataType(32),
+        s_tir.transform.LoopPartition(),
+        tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
+    ]
+    if legalize_pass is not None:
+        passes.append(legalize_pass)
+    passes += [
+        s_tir.transform.InjectVirtualThread(),
+        s_tir.transform.InjectDoubleBuffer(),
+    ]
+    if not bool(config.get("tirx.disable_storage_rewrite", False)):
+        passes.append(tirx.transform.StorageRewrite())
+    if config.get("tirx.use_async_copy", False):
+        passes.append(s_tir.transform.LowerAsyncDMA())
+    passes += [
+        s_tir.transform.HoistIfThenElse(),
+        tirx.transform.UnrollLoop(),
+        s_tir.transform.RenormalizeSplitPattern(),
+        tirx.transform.StmtSimplify(),
+        tirx.transform.RemoveNoOp(),
+        s_tir.transform.RewriteUnsafeSelect(),
+    ]
+    if bool(config.get("tirx.instrument_bound_checkers", False)):
+        passes.append(s_tir.transform.InstrumentBoundCheckers())
+    if bool(config.get("tirx.s_tir.ldg32", False)):
+        passes.append(s_tir.transform.InjectPTXLDG32(True))
+    if not bool(config.get("tirx.disable_cse_tir", False)):
+        passes.append(tirx.transform.CommonSubexprElim())
+    if bool(config.get("tirx.instrument_lwp", False)):
+        passes.append(s_tir.transform.InstrumentProfileIntrinsics())
+    passes += [
+        tirx.transform.FP8ComputeLegalize(),
+        s_tir.transform.VerifyVTCMLimit(),
+        s_tir.transform.LowerVtcmAlloc(),
+        tirx.transform.VerifyMemory(),
+        tirx.transform.AnnotateEntryFunc(),
+        s_tir.transform.ThreadSync("shared"),
+        s_tir.transform.ThreadSync("shared.dyn"),
+        s_tir.transform.ThreadSync("warp"),
+        s_tir.transform.InferFragment(),
+        s_tir.transform.LowerThreadAllreduce(),
+    ]
+    if bool(config.get("tirx.use_async_copy", False)):
+        passes.append(s_tir.transform.InjectPTXAsyncCopy())
+    if bool(config.get("tirx.s_tir.ldg32", False)):
+        passes.append(s_tir.transform.InjectPTXLDG32())
+    passes += [
+        s_tir.transform.MergeSharedMemoryAllocations(),
+        tirx.transform.SplitHostDevice(),
+        tirx.transform.MakePackedAPI(),
+        tirx.transform.FP8StorageLegalize(),
+        tirx.transform.BF16StorageLegalize(),
+    ]
+    return passes
+
+
+def make_pipeline_factory(records: list | None, legalize: bool = True):
+    """A TIR pipeline factory in 0.27's form: () -> (main, finalize_host, finalize_device)."""
+    from . import lane_legalize_pass
+
+    tvm = tvm_compat.tvm()
+    finalize_host, finalize_device = tvm_compat.default_tir_finalize_passes()
+
+    def factory(**_kwargs):
+        @tvm.transform.module_pass(opt_level=0, name="amp.CudaTIRPipeline")
+        def _main(mod, _ctx):
+            config = tvm.transform.PassContext.current().config
+            legal = lane_legalize_pass(records, stage="after VectorizeLoop") if legalize else None
+            return tvm.ir.transform.Sequential(_s_tir_main_passes(config, legal))(mod)
+
+        def _finalize_device():
+            stock = finalize_device()
+            if not legalize:
+                return stock
+            return tvm.ir.transform.Sequential(
+                [stock, lane_legalize_pass(records, stage="before codegen")])
+
+        return _main, finalize_host, _finalize_device
+
+    return factory
+
+
+def cuda_tir_pipeline(target=None, records: list | None = None, legalize: bool = True) -> str:
+    """Register amp's CUDA TIR pipeline and return its name, the value tvm.compile takes as
+    ``tir_pipeline=`` in 0.27. ``target`` is accepted for API stability (the pipeline is the
+    same for every CUDA arch; non-CUDA PrimFuncs are left alone by the legalizer)."""
+    del target
+    name = f"amp_cuda_lane_safe_{next(_COUNTER)}"
+    return tvm_compat.register_tir_pipeline(name, make_pipeline_factory(records, legalize))
