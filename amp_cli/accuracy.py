@@ -1,0 +1,129 @@
+"""Accuracy of a built library against the fp32 reference (ONNX Runtime or torch)."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import tvm_compat
+from .errors import InputError
+from .load import InputSpec
+
+INT_INPUT_RANGE = (0, 16)  # token ids and indices: small, valid for any vocabulary >= 16
+
+
+def random_inputs(specs: list[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs: floats ~ N(0, 1) (never all zero), ints in [0, 16), bools random."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for s in specs:
+        shape = tuple(int(d) for d in s.shape)
+        if s.dtype.startswith("float") or s.dtype == "bfloat16":
+            arr = rng.standard_normal(shape).astype("float32")
+            feeds[s.name] = arr.astype(s.dtype) if s.dtype != "bfloat16" else arr
+        elif s.dtype == "bool":
+            feeds[s.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            feeds[s.name] = rng.integers(*INT_INPUT_RANGE, shape).astype(s.dtype)
+    return feeds
+
+
+def load_inputs(path: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """Inputs from an .npz, checked against the model's input names, shapes and dtypes."""
+    try:
+        data = np.load(path)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{path}: cannot read as .npz ({type(exc).__name__})") from None
+    want = {s.name: s for s in specs}
+    missing = [n for n in want if n not in data.files]
+    extra = [n for n in data.files if n not in want]
+    if missing:
+        raise InputError(f"{path}: missing input(s) {', '.join(missing)}"
+                         + (f"; found {', '.join(extra)}" if extra else ""))
+    feeds = {}
+    for name, s in want.items():
+        arr = data[name]
+        if list(arr.shape) != [int(d) for d in s.shape]:
+            raise InputError(f"{path}: input '{name}' has shape {list(arr.shape)}, the model "
+                             f"expects {list(s.shape)}")
+        if str(arr.dtype) != s.dtype:
+            raise InputError(f"{path}: input '{name}' has dtype {arr.dtype}, the model expects "
+                             f"{s.dtype}")
+        feeds[name] = arr
+    return feeds
+
+
+def metrics(ref: np.ndarray, got: np.ndarray) -> dict:
+    ref = np.asarray(ref, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    finite = np.isfinite(got)
+    nonfinite = float(1.0 - finite.mean()) if got.size else 0.0
+    if ref.shape != got.shape:
+        return {"shape_mismatch": [list(ref.shape), list(got.shape)], "max_abs": float("inf"),
+                "rel_l2": float("inf"), "cosine": 0.0, "nonfinite_share": nonfinite}
+    if not finite.all():
+        return {"max_abs": float("inf"), "rel_l2": float("inf"), "cosine": 0.0,
+                "nonfinite_share": nonfinite}
+    diff = got - ref
+    denom = np.linalg.norm(ref)
+    rel = float(np.linalg.norm(diff) / denom) if denom > 0 else float(np.linalg.norm(diff))
+    nr, ng = np.linalg.norm(ref), np.linalg.norm(got)
+    cos = float(np.dot(ref.ravel(), got.ravel()) / (nr * ng)) if nr > 0 and ng > 0 else \
+        float(nr == ng)
+    return {"max_abs": float(np.max(np.abs(diff))) if diff.size else 0.0, "rel_l2": rel,
+            "cosine": cos, "nonfinite_share": nonfinite}
+
+
+def summarize(per_output: list[dict]) -> dict:
+    """Worst case over outputs."""
+    if not per_output:
+        return {}
+    return {"max_abs": max(m["max_abs"] for m in per_output),
+            "rel_l2": max(m["rel_l2"] for m in per_output),
+            "cosine": min(m["cosine"] for m in per_output),
+            "nonfinite_share": max(m["nonfinite_share"] for m in per_output)}
+
+
+class LibraryRunner:
+    """Runs an exported Relax VM library on a device."""
+
+    def __init__(self, library: str, device: str = "cpu"):
+        self.device = tvm_compat.cuda_device() if device == "cuda" else tvm_compat.cpu_device()
+        self.lib = tvm_compat.load_module(library)
+        self.vm = tvm_compat.relax_vm(self.lib, self.device)
+
+    def __call__(self, feeds: dict[str, np.ndarray], order: list[str]) -> list[np.ndarray]:
+        args = [tvm_compat.to_tvm_tensor(feeds[n], self.device) for n in order]
+        out = self.vm["main"](*args)
+        return [np.asarray(o.numpy()) for o in _flatten(out)]
+
+
+def _flatten(out):
+    if hasattr(out, "numpy"):
+        return [out]
+    items = []
+    for o in out:
+        items.extend(_flatten(o))
+    return items
+
+
+def check_accuracy(model, library: str, device: str, seed: int, samples: int = 1) -> dict:
+    """Run the library and the fp32 reference on seeded random inputs; metrics per output."""
+    runner = LibraryRunner(library, device)
+    order = [s.name for s in model.inputs]
+    per_output: list[dict] = []
+    for k in range(samples):
+        feeds = random_inputs(model.inputs, seed + k)
+        ref = model.reference(feeds)
+        got = runner(feeds, order)
+        if len(ref) != len(got):
+            raise InputError(f"reference has {len(ref)} outputs, the build {len(got)}")
+        for i, (r, g) in enumerate(zip(ref, got)):
+            m = metrics(r, g)
+            if k == 0:
+                per_output.append({"output": model.outputs[i] if i < len(model.outputs)
+                                   else f"output{i}", **m})
+            else:
+                for key in ("max_abs", "rel_l2", "nonfinite_share"):
+                    per_output[i][key] = max(per_output[i][key], m[key])
+                per_output[i]["cosine"] = min(per_output[i]["cosine"], m["cosine"])
+    return {"device": device, "samples": samples, "seed": seed, "outputs": per_output,
+            "worst": summarize(per_output)}

@@ -1,0 +1,106 @@
+"""Compile a (converted) Relax module into a Relax VM library for CUDA or the CPU.
+
+CUDA: amp's relax pipeline (dlight default schedules, tuning records first when given) and a TIR
+pipeline with the lane legalizer (``amp_cli.legalize``), so fp16/bf16 vectors of any width
+compile. CPU: amp's CPU schedules (``amp_cli.schedule.cpu``). Compilation runs in a sandboxed
+child process: a TVM crash becomes a BuildError naming the stage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+
+from . import tvm_compat
+from .errors import BuildError
+from .sandbox import note_kernel, run_isolated
+from .target import ResolvedTarget
+
+TENSOR_CORE_MARKERS = ("mma_sync", "mma.sync", "wmma::", "wgmma")
+
+
+@dataclass
+class BuildResult:
+    target: dict
+    library: str  # path of the exported Relax VM library
+    seconds: float
+    size_bytes: int
+    kernels: list[str] = field(default_factory=list)
+    legalized: list[dict] = field(default_factory=list)  # lane legalizer records (CUDA)
+    tensor_core_kernels: int = 0
+    cuda_source_bytes: int = 0
+    schedule: dict = field(default_factory=dict)  # tuned / default counts, per kernel info
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None):
+    """The whole Relax pipeline (a Pass) amp uses for `target`."""
+    extra = []
+    if tuning_db:
+        from .tune import apply_database_passes
+
+        extra = apply_database_passes(tuning_db, target)
+    if target.is_cuda:
+        from .schedule.cuda import cuda_relax_pipeline
+
+        return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)
+    from .schedule.cpu import cpu_relax_pipeline
+
+    return cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)
+
+
+def tir_pipeline(target: ResolvedTarget, records: list):
+    if target.is_cuda:
+        from .legalize import cuda_tir_pipeline
+
+        return cuda_tir_pipeline(target.tvm_target(), records)
+    return "default"
+
+
+def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None) -> BuildResult:
+    tvm = tvm_compat.tvm()
+    start = time.perf_counter()
+    tgt = target.tvm_target()
+    note_kernel("(relax pipeline)")
+    with tgt:
+        lowered = relax_pipeline(target, tuning_db)(mod)
+    kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
+                     if isinstance(f, tvm_compat.prim_func_class()))
+    note_kernel("(TIR lowering and codegen)")
+    records: list = []
+    ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
+                                  tir_pipeline=tir_pipeline(target, records))
+    note_kernel("(export)")
+    ex.export_library(out_path)
+    src = tvm_compat.cuda_source(ex) if target.is_cuda else ""
+    tc = 0
+    if src:
+        for chunk in src.split("__global__")[1:]:
+            if any(m in chunk for m in TENSOR_CORE_MARKERS):
+                tc += 1
+    schedule = {}
+    if tuning_db:
+        from .tune import tuned_kernel_summary
+
+        schedule = tuned_kernel_summary(tuning_db, lowered, target)
+    return BuildResult(
+        target=target.spec, library=out_path, seconds=time.perf_counter() - start,
+        size_bytes=os.path.getsize(out_path), kernels=kernels,
+        legalized=[r.to_dict() for r in records], tensor_core_kernels=tc,
+        cuda_source_bytes=len(src), schedule=schedule)
+
+
+def build(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None = None,
+          isolate: bool = True) -> BuildResult:
+    """Compile `mod` for `target` into `out_path` (a .so). Crashes become BuildError."""
+    stage = f"build {target.describe()}"
+    try:
+        return run_isolated(_compile, mod, target, out_path, tuning_db, stage=stage,
+                            isolate=isolate)
+    except BuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - not isolated: same contract
+        raise BuildError(f"stage '{stage}' failed: {exc}", stage=stage) from exc

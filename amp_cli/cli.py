@@ -1,0 +1,222 @@
+"""The ``amp`` command line: each command builds a config, makes one library call, renders it.
+
+Exit codes: 0 ok, 1 amp error (one line on stderr), 2 usage error, 3 bench gate failed,
+130 interrupted (Ctrl-C).
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+
+from .errors import EXIT_ERROR, EXIT_INTERRUPTED, AmpError
+
+EPILOG = """\b
+Exit codes:
+  0    success
+  1    amp error: bad input, import or build failure (one line on stderr;
+       --debug adds the traceback)
+  2    usage error (bad option or argument)
+  3    amp bench: a --max-latency-ratio / --max-rel-error gate failed
+  130  interrupted (Ctrl-C); nothing half-written is left behind
+"""
+
+
+class AmpGroup(click.Group):
+    """Turns AmpError into one line on stderr and its exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except AmpError as exc:
+            if _debug_requested(ctx):
+                traceback.print_exc()
+                tb = getattr(exc, "child_traceback", None)
+                if tb:
+                    click.echo(tb, err=True)
+            click.echo(f"amp: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("amp: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+def _debug_requested(ctx) -> bool:
+    return "--debug" in sys.argv or bool(ctx.meta.get("amp.debug"))
+
+
+def _debug_option(f):
+    def callback(ctx, _param, value):
+        if value:
+            ctx.meta["amp.debug"] = True
+        return value
+
+    return click.option("--debug", is_flag=True, expose_value=False, callback=callback,
+                        is_eager=True, help="Show tracebacks for errors.")(f)
+
+
+@click.group(cls=AmpGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h",
+                                                                                  "--help"]})
+@click.version_option(package_name="amp-cli", prog_name="amp")
+def main():
+    """amp: convert ONNX / PyTorch models to fp16 / bf16 mixed precision with Apache TVM,
+    compile them safely for NVIDIA GPUs (any vector width, tensor cores) or the CPU, tune,
+    and benchmark against fp32 and ONNX Runtime.
+
+    \b
+    Typical use:
+      amp convert model.onnx -o out/ --target cuda:sm_90
+      amp convert model.onnx -o out/ --target llvm --precision bf16
+      amp tune model.onnx --target cuda:sm_90 --db tuning/ --trials 200
+      amp bench out/ --compare fp32,ort --max-rel-error 1e-2
+    """
+
+
+def _progress_bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="stage", leave=False, file=sys.stderr,
+               disable=None, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {postfix}")
+
+    started = []
+
+    def step(name: str):
+        if started:
+            bar.update(1)
+        started.append(name)
+        bar.set_postfix_str(name)
+
+    return bar, step
+
+
+def convert_options(f):
+    """Options shared by convert, tune, inspect and bench (when given a model)."""
+    opts = [
+        click.option("--target", "-t", default="cuda", show_default=True,
+                     help="cuda (arch of the local GPU, else sm_80), cuda:sm_90, llvm, "
+                          "llvm:<mcpu>, or a TVM target JSON dict."),
+        click.option("--precision", type=click.Choice(["fp16", "bf16", "fp32"]), default=None,
+                     help="Low-precision type [default: fp16]."),
+        click.option("--accumulate", type=click.Choice(["fp32", "fp16"]), default=None,
+                     help="Accumulation/output type of matmul and conv [default: fp32]."),
+        click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                     help="YAML config (see configs/); flags override it."),
+        click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:DxDxD",
+                     help="Bind an input's shape, e.g. input:1x3x224x224 (repeatable)."),
+        click.option("--keep-io-types/--no-keep-io-types", default=None,
+                     help="Keep model inputs/outputs in fp32 [default: keep]."),
+        click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+                     help="Keep this op in fp32: a Relax op (nn.softmax) or ONNX op type "
+                          "(Softmax). Repeatable."),
+        click.option("--exclude-node", "exclude_nodes", multiple=True, metavar="NAME",
+                     help="Keep this ONNX node in fp32. Repeatable."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
+                 exclude_ops, exclude_nodes, tuning_db=None):
+    from .config import ConvertConfig, apply_yaml, parse_input_shape, read_yaml, validate
+
+    cfg = ConvertConfig()
+    if config_file:
+        apply_yaml(cfg, read_yaml(config_file), config_file)
+    if target is not None:
+        cfg.target = target
+    p = cfg.precision
+    if precision:
+        p.precision = precision
+    if accumulate:
+        p.accumulate = accumulate
+    if keep_io_types is not None:
+        p.keep_io_types = keep_io_types
+    for text in input_shapes:
+        name, dims = parse_input_shape(text)
+        cfg.input_shapes[name] = dims
+    p.policy.exclude_ops = list(p.policy.exclude_ops) + list(exclude_ops)
+    p.policy.exclude_nodes = list(p.policy.exclude_nodes) + list(exclude_nodes)
+    if tuning_db:
+        cfg.tuning_db = tuning_db
+    validate(cfg)
+    return cfg
+
+
+@main.command(epilog=EPILOG)
+@click.argument("model")
+@click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False),
+              help="Output directory: model.so, report.json, report.md.")
+@convert_options
+@click.option("--tuning-db", type=click.Path(file_okay=False),
+              help="Apply tuning records written by `amp tune`.")
+@click.option("--force", is_flag=True, help="Overwrite OUTDIR if it exists.")
+@click.option("--no-accuracy", is_flag=True, help="Skip the accuracy check.")
+@click.option("--threads", type=int, default=None,
+              help="CPU threads for llvm runs (default: TVM_NUM_THREADS or all cores).")
+@_debug_option
+def convert(model, outdir, target, precision, accumulate, config_file, input_shapes,
+            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy, threads):
+    """Convert MODEL (.onnx, .pt2, or pkg.module:factory) to a mixed-precision library.
+
+    \b
+    Writes OUTDIR/model.so (load with tvm.runtime.load_module and run with
+    relax.VirtualMachine), OUTDIR/report.json and OUTDIR/report.md, atomically.
+    Accuracy is checked against ONNX Runtime fp32 (torch fp32 for torch models)
+    on seeded random inputs; on a machine without a GPU a CUDA build is checked
+    through a CPU build of the same converted module.
+    """
+    from pathlib import Path
+
+    from . import convert as api_convert
+    from . import load as api_load
+    from .errors import OutputError
+
+    cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
+                       exclude_ops, exclude_nodes, tuning_db)
+    cfg.check_accuracy = not no_accuracy
+    cfg.threads = threads
+    if Path(outdir).exists() and not force:
+        raise OutputError(f"{outdir} exists; pass --force to overwrite it")
+    bar, step = _progress_bar(6, "amp convert")
+    try:
+        step("load")
+        loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify)
+        conv = api_convert(loaded, cfg, progress=step)
+        try:
+            out = conv.save(outdir, force=force)
+        finally:
+            conv.cleanup()
+    finally:
+        bar.close()
+    click.echo(summary_line(conv.report, out))
+
+
+def summary_line(report: dict, out) -> str:
+    p, a, b = report["precision"], report.get("accuracy") or {}, report["build"]
+    parts = [f"amp: wrote {out}/model.so ({b['size_bytes'] / 1e6:.1f} MB, {len(b['kernels'])} "
+             f"kernels, {b['seconds']:.1f} s)",
+             f"  precision {p['dtype']}: {p['converted_ops']}/{p['total_ops']} ops converted, "
+             f"{len(p['kept_fp32'])} kept in fp32, {p['casts_inserted']} casts"]
+    if report["target"].get("kind") == "cuda":
+        parts.append(f"  cuda {report['target'].get('arch')}: {b['tensor_core_kernels']} "
+                     f"tensor-core kernels, {len(b['legalized'])} kernels lane-legalized")
+    if a:
+        w = a["worst"]
+        parts.append(f"  accuracy on {a['device']} vs fp32 reference: rel L2 {w['rel_l2']:.3g}, "
+                     f"max abs {w['max_abs']:.3g}, cosine {w['cosine']:.6f}, non-finite "
+                     f"{w['nonfinite_share']:.3g}"
+                     + ("" if a.get("within_tolerance") else "  (ABOVE TOLERANCE)"))
+    for n in report.get("notes", []):
+        parts.append(f"  note: {n}")
+    parts.append(f"  report: {out}/report.md")
+    return "\n".join(parts)
+
+
+def run():  # pragma: no cover - console entry
+    main(prog_name="amp")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

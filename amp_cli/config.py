@@ -1,0 +1,197 @@
+"""One schema for amp's settings: a dataclass per concern.
+
+Precedence: dataclass defaults < the policy YAML for the target/precision (configs/) < the
+user's ``--config`` YAML < command-line flags. Unknown YAML keys are an error naming the closest
+valid key; the resolved config goes into every report.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+PRECISIONS = ("fp16", "bf16", "fp32")
+ACCUMULATE = ("fp32", "fp16")
+DTYPE_OF = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class PolicyConfig:
+    """Which ops run in the low-precision type.
+
+    always: compute-bound ops (matmul, conv) that run in fp16/bf16 with ``accumulate`` output.
+    follow: ops that run in low precision when all their float inputs already are.
+    never:  ops that always run in fp32 (reductions, normalizations, exp/pow ...).
+    Ops in no list get TVM's registered policy for them (unregistered ops: never).
+    Names are Relax op names without the ``relax.`` prefix (``nn.conv2d``) or ONNX op types
+    (``Conv``) for ``exclude_ops``.
+    """
+
+    always: list[str] = field(default_factory=list)
+    follow: list[str] = field(default_factory=list)
+    never: list[str] = field(default_factory=list)
+    exclude_ops: list[str] = field(default_factory=list)
+    exclude_nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PrecisionConfig:
+    precision: str = "fp16"  # fp16 | bf16 | fp32
+    accumulate: str = "fp32"  # fp32 | fp16 (matmul/conv accumulation and output type)
+    keep_io_types: bool = True  # model inputs/outputs stay in their original (fp32) types
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @property
+    def dtype(self) -> str:
+        return DTYPE_OF[self.precision]
+
+    @property
+    def accumulate_dtype(self) -> str:
+        return DTYPE_OF[self.accumulate] if self.precision != "fp32" else "float32"
+
+
+@dataclass
+class AccuracyConfig:
+    seed: int = 0
+    samples: int = 1  # random input sets checked against the fp32 reference
+    rel_l2_tolerance: float = 0.05  # reported as pass/fail, never a hard error in convert
+
+
+@dataclass
+class ConvertConfig:
+    target: str = "cuda"
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    accuracy: AccuracyConfig = field(default_factory=AccuracyConfig)
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    tuning_db: str | None = None
+    simplify: bool = True  # onnx shape inference + onnxslim before import
+    check_accuracy: bool = True
+    threads: int | None = None  # CPU threads for the llvm runs (TVM_NUM_THREADS)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML loading with strict keys
+
+
+def _closest(key: str, valid: list[str]) -> str:
+    match = difflib.get_close_matches(key, valid, n=1)
+    return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(valid)}"
+
+
+def _expect(value: Any, types, where: str):
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in
+                                        (types if isinstance(types, tuple) else (types,))):
+        names = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
+        raise ConfigError(f"{where}: expected {names}, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def _apply(obj, data: dict, where: str, source: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {where or 'top level'} must be a mapping, got "
+                          f"{type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            raise ConfigError(f"{source}: unknown key '{path}'{_closest(str(key), list(fields))}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            _apply(current, value, path, source)
+        elif isinstance(current, list):
+            _expect(value, list, f"{source}: {path}")
+            for item in value:
+                _expect(item, str, f"{source}: {path}[]")
+            setattr(obj, key, list(value))
+        elif isinstance(current, dict):
+            _expect(value, dict, f"{source}: {path}")
+            setattr(obj, key, dict(value))
+        elif isinstance(current, bool):
+            setattr(obj, key, _expect(value, bool, f"{source}: {path}"))
+        elif isinstance(current, int) and not isinstance(current, bool):
+            setattr(obj, key, _expect(value, int, f"{source}: {path}"))
+        elif isinstance(current, float):
+            setattr(obj, key, float(_expect(value, (int, float), f"{source}: {path}")))
+        else:  # str or optional
+            if value is not None:
+                _expect(value, (str, int, float), f"{source}: {path}")
+            setattr(obj, key, value)
+
+
+def read_yaml(path: str | Path) -> dict:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"{p}: YAML syntax error{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def apply_yaml(cfg: ConvertConfig, data: dict, source: str) -> ConvertConfig:
+    _apply(cfg, data, "", source)
+    validate(cfg)
+    return cfg
+
+
+def default_policy_file(target_kind: str, precision: str) -> Path | None:
+    name = "cpu.yaml" if target_kind == "llvm" else f"cuda-{precision}.yaml"
+    p = CONFIG_DIR / name
+    return p if p.is_file() else None
+
+
+def apply_policy_file(cfg: ConvertConfig, target_kind: str) -> None:
+    """Merge the documented default policy for this target/precision (configs/*.yaml)."""
+    path = default_policy_file(target_kind, cfg.precision.precision)
+    if path is None:
+        return
+    data = read_yaml(path)
+    policy = data.get("precision", {}).get("policy", {})
+    _apply(cfg.precision.policy, policy, "precision.policy", str(path))
+
+
+def validate(cfg: ConvertConfig) -> None:
+    p = cfg.precision
+    if p.precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got '{p.precision}'")
+    if p.accumulate not in ACCUMULATE:
+        raise ConfigError(f"accumulate must be one of {', '.join(ACCUMULATE)}, got "
+                          f"'{p.accumulate}'")
+    for name, dims in cfg.input_shapes.items():
+        if not isinstance(dims, (list, tuple)) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+            raise ConfigError(f"input_shapes.{name}: expected a list of positive ints, got "
+                              f"{dims!r}")
+
+
+def parse_input_shape(text: str) -> tuple[str, list[int]]:
+    """'x:1x3x224x224' -> ('x', [1, 3, 224, 224]). Names may contain ':' (the last one splits)."""
+    name, sep, dims = text.rpartition(":")
+    if not sep or not name:
+        raise ConfigError(f"--input-shape '{text}': expected NAME:DxDxD, e.g. input:1x3x224x224")
+    parts = dims.lower().replace(",", "x").split("x") if dims else []
+    try:
+        shape = [int(d) for d in parts]
+    except ValueError:
+        raise ConfigError(f"--input-shape '{text}': dims must be positive integers separated by "
+                          f"'x', e.g. {name}:1x3x224x224") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise ConfigError(f"--input-shape '{text}': dims must be positive integers separated by "
+                          f"'x', e.g. {name}:1x3x224x224")
+    return name, shape

@@ -1,0 +1,162 @@
+"""report.json (machine-readable, stable keys) and report.md (for a person)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+REPORT_VERSION = 1
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {"amp": None, "python": platform.python_version()}
+    from . import __version__
+
+    out["amp"] = __version__
+    for dist in ("apache-tvm", "apache-tvm-ffi", "onnx", "onnxruntime", "onnxslim", "numpy",
+                 "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    out["cuda"] = cuda_version()
+    return out
+
+
+def cuda_version() -> str | None:
+    from .target import find_nvcc
+
+    nvcc = find_nvcc()
+    if not nvcc:
+        return None
+    try:
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                              timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"release ([\d.]+)", text)
+    return m.group(1) if m else None
+
+
+def _clean(obj):
+    """JSON-safe: inf/nan as strings, numpy scalars as Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        try:
+            obj = obj.item()
+        except (ValueError, AttributeError):
+            return str(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    Path(path).write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
+
+
+def build_report(model, cfg, target, prec, build, accuracy, notes, timings) -> dict:
+    return _clean({
+        "report_version": REPORT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.to_dict(),
+        "target": target.spec,
+        "versions": versions(),
+        "model": model.summary(),
+        "precision": prec.to_dict(),
+        "build": {k: v for k, v in build.to_dict().items() if k != "library"},
+        "accuracy": accuracy,
+        "timings": timings,
+        "notes": list(notes),
+    })
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def render_markdown(r: dict) -> str:
+    m, p, b, a = r["model"], r["precision"], r["build"], r.get("accuracy") or {}
+    tgt = r["target"]
+    lines = [f"# amp conversion report: {Path(m['source']).name}", ""]
+    lines += [f"- target: `{json.dumps(tgt)}`",
+              f"- precision: {p['dtype']} (accumulate {p['accumulate']}), keep-io-types "
+              f"{r['config']['precision']['keep_io_types']}",
+              f"- created: {r['created']}",
+              "- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v), ""]
+    if r.get("notes"):
+        lines += ["## Notes", ""] + [f"- {n}" for n in r["notes"]] + [""]
+    lines += ["## Model", "",
+              f"- format: {m['format']}; nodes: {m['nodes']}; parameters: {m['parameters']:,}",
+              "- inputs: " + ", ".join(f"`{i['name']}` {i['dtype']}"
+                                       f"[{'x'.join(map(str, i['shape']))}]"
+                                       for i in m["inputs"])]
+    lines += [f"- {n}" for n in m.get("notes", [])] + [""]
+    lines += ["## Precision", "",
+              f"- ops converted to {p['dtype']}: {p['converted_ops']} of {p['total_ops']}; "
+              f"casts inserted: {p['casts_inserted']}; tiny constants flushed to zero: "
+              f"{p['underflow_flushed']}"]
+    if p.get("note"):
+        lines.append(f"- {p['note']}")
+    lines += ["", "| op | dtype | count |", "|---|---|---|"]
+    for key, count in sorted(p["ops_by_dtype"].items()):
+        op, _, dt = key.rpartition(":")
+        lines.append(f"| {op} | {dt} | {count} |")
+    if p["kept_fp32"]:
+        lines += ["", "Kept in fp32:", "", "| node | op | why |", "|---|---|---|"]
+        for k in p["kept_fp32"]:
+            lines.append(f"| {k['node']} | {k['op']} | {k['reason']} |")
+    if p["constants"]:
+        lines += ["", "Constants outside the target type's range (op kept in fp32):", "",
+                  "| node | op | max abs | limit |", "|---|---|---|---|"]
+        for c in p["constants"]:
+            lines.append(f"| {c['node']} | {c['op']} | {_fmt(c['max_abs'])} | "
+                         f"{_fmt(c['limit'])} |")
+    lines += ["", "## Build", "",
+              f"- {len(b['kernels'])} kernels, {_fmt(b['seconds'])} s, library "
+              f"{b['size_bytes']:,} bytes"]
+    if tgt.get("kind") == "cuda":
+        lines.append(f"- tensor-core kernels: {b['tensor_core_kernels']}")
+        if b["legalized"]:
+            lines += ["- lane legalizer rewrote:"]
+            for rec in b["legalized"]:
+                lines.append(f"  - `{rec.get('kernel')}`: {', '.join(rec.get('rewrites', []))}")
+        else:
+            lines.append("- lane legalizer: no kernel needed a rewrite")
+    sched = b.get("schedule") or {}
+    if sched:
+        lines.append(f"- schedules: {sched.get('tuned', 0)} tuned, {sched.get('default', 0)} "
+                     f"default")
+        for k in sched.get("kernels", []):
+            lines.append(f"  - `{k['kernel']}`: {k['schedule']}"
+                         + (f", expected speedup {k['expected_speedup']:.2f}x"
+                            if k.get("expected_speedup") else ""))
+    lines.append("")
+    if a:
+        w = a.get("worst", {})
+        lines += ["## Accuracy vs fp32 reference", "",
+                  f"Measured on **{a['device']}**, {a['samples']} seeded random input set(s) "
+                  f"(seed {a['seed']}); tolerance rel L2 {a.get('tolerance_rel_l2')}: "
+                  f"{'within' if a.get('within_tolerance') else 'NOT within'}.", "",
+                  "| output | max abs | rel L2 | cosine | non-finite |", "|---|---|---|---|---|"]
+        for o in a.get("outputs", []):
+            lines.append(f"| {o['output']} | {_fmt(o['max_abs'])} | {_fmt(o['rel_l2'])} | "
+                         f"{_fmt(o['cosine'])} | {_fmt(o['nonfinite_share'])} |")
+        if w:
+            lines.append(f"| **worst** | {_fmt(w['max_abs'])} | {_fmt(w['rel_l2'])} | "
+                         f"{_fmt(w['cosine'])} | {_fmt(w['nonfinite_share'])} |")
+        lines.append("")
+    return "\n".join(lines)
