@@ -214,6 +214,27 @@ def summary_line(report: dict, out) -> str:
     return "\n".join(parts)
 
 
+# Commands living in their own modules (amp_cli/cli_<name>.py), each defining a click command
+# named like the module.
+COMMAND_MODULES = ("tune", "bench", "inspect")
+
+
+def _register_commands():
+    import importlib
+
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"{__package__}.cli_{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.cli_{name}":
+                raise
+            continue
+        main.add_command(getattr(module, name))
+
+
+_register_commands()
+
+
 def run():  # pragma: no cover - console entry
     main(prog_name="amp")
 
