@@ -1,4 +1,4 @@
-"""TIR kernels for the lane matrix (shared by tests/test_legalize.py and the gpu test).
+"""TIR kernels for the lane matrix (tests/test_legalize.py, the gpu test, benchmarks).
 
 Each kernel vectorizes its innermost axis with exactly ``lanes`` lanes. ``thread`` is the
 thread axis the outer loop is bound to ("threadIdx.x" for CUDA) or None for a serial loop
@@ -11,6 +11,7 @@ import numpy as np
 from tvm.script import tirx as T
 
 KINDS = ("elementwise", "cast", "copy", "reduce_epilogue")
+EXTRA_KINDS = ("select_call",)
 THREADS = 8
 K = 4
 
@@ -45,6 +46,17 @@ def make_kernel(kind: str, dtype: str, lanes: int, thread: str | None = "threadI
                         v = T.axis.spatial(n, i * pad + j)
                         B[v] = T.max(A[v] * T.Cast(dtype, 2.0) + T.Cast(dtype, 0.5),
                                      T.Cast(dtype, -4.0))
+        return f
+    if kind == "select_call":
+        @T.prim_func(s_tir=True)
+        def f(A: T.Buffer((n,), dtype), B: T.Buffer((n,), dtype)):
+            T.func_attr({"global_symbol": "main", "tir.noalias": True})
+            for i in _loop(thread, th):
+                for j in T.vectorized(lanes):
+                    with T.sblock("B"):
+                        v = T.axis.spatial(n, i * pad + j)
+                        B[v] = T.Select(A[v] > T.Cast(dtype, 0.0), T.exp(A[v]),
+                                        A[v] * T.Cast(dtype, 0.5))
         return f
     if kind == "cast":
         @T.prim_func(s_tir=True)
@@ -118,6 +130,13 @@ def make_inputs(kind: str, dtype: str, lanes: int, pad: int | None = None, seed:
         a = vals(n).astype(nd)
         exp = out(n, nd)
         r = np.maximum(a.astype(np.float32) * 2 + 0.5, -4.0).astype(nd)
+        exp[written] = r[written]
+        return [a, out(n, nd)], {1: exp}
+    if kind == "select_call":
+        a = vals(n).astype(nd)
+        af = a.astype(np.float32)
+        r = np.where(af > 0, np.exp(af), af * 0.5).astype(nd)
+        exp = out(n, nd)
         exp[written] = r[written]
         return [a, out(n, nd)], {1: exp}
     if kind == "cast":

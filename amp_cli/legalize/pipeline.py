@@ -104,7 +104,7 @@ def _s_tir_main_passes(config, legalize_pass):
     return passes
 
 
-def make_pipeline_factory(records: list | None, legalize: bool = True):
+def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda: bool = True):
     """A TIR pipeline factory in 0.27's form: () -> (main, finalize_host, finalize_device)."""
     from . import lane_legalize_pass
 
@@ -115,7 +115,7 @@ def make_pipeline_factory(records: list | None, legalize: bool = True):
         @tvm.transform.module_pass(opt_level=0, name="amp.CudaTIRPipeline")
         def _main(mod, _ctx):
             config = tvm.transform.PassContext.current().config
-            legal = lane_legalize_pass(records, stage="after VectorizeLoop") if legalize else None
+            legal = lane_legalize_pass(records, stage="after VectorizeLoop", only_cuda=only_cuda) if legalize else None
             return tvm.ir.transform.Sequential(_s_tir_main_passes(config, legal))(mod)
 
         def _finalize_device():
@@ -123,17 +123,19 @@ def make_pipeline_factory(records: list | None, legalize: bool = True):
             if not legalize:
                 return stock
             return tvm.ir.transform.Sequential(
-                [stock, lane_legalize_pass(records, stage="before codegen")])
+                [stock, lane_legalize_pass(records, stage="before codegen", only_cuda=only_cuda)])
 
         return _main, finalize_host, _finalize_device
 
     return factory
 
 
-def cuda_tir_pipeline(target=None, records: list | None = None, legalize: bool = True) -> str:
+def cuda_tir_pipeline(target=None, records: list | None = None, legalize: bool = True,
+                      only_cuda: bool = True) -> str:
     """Register amp's CUDA TIR pipeline and return its name, the value tvm.compile takes as
     ``tir_pipeline=`` in 0.27. ``target`` is accepted for API stability (the pipeline is the
-    same for every CUDA arch; non-CUDA PrimFuncs are left alone by the legalizer)."""
+    same for every CUDA arch; non-CUDA PrimFuncs are left alone by the legalizer unless
+    ``only_cuda=False``, which tests use to run legalized TIR on the CPU)."""
     del target
     name = f"amp_cuda_lane_safe_{next(_COUNTER)}"
-    return tvm_compat.register_tir_pipeline(name, make_pipeline_factory(records, legalize))
+    return tvm_compat.register_tir_pipeline(name, make_pipeline_factory(records, legalize, only_cuda))
