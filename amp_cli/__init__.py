@@ -13,18 +13,10 @@ from .config import ConvertConfig, PolicyConfig, PrecisionConfig  # noqa: F401
 from .errors import AmpError  # noqa: F401
 
 
-def load(model, input_shapes=None, simplify=True):
-    """Load an ONNX file, a torch.export .pt2 file or a 'pkg.module:factory' spec."""
-    from .load import load as _load
+# Stage functions, imported eagerly so that they (not their modules, which share the names)
+# are the package attributes. Heavy imports (tvm, torch, onnxruntime) stay inside functions.
+from .convert import Conversion, convert  # noqa: E402,F401
+from .load import LoadedModel, load  # noqa: E402,F401
 
-    return _load(model, input_shapes=input_shapes, simplify=simplify)
-
-
-def convert(model, cfg=None, progress=None):
-    """Mixed-precision conversion + build + accuracy check; returns a Conversion."""
-    from .convert import convert as _convert
-
-    return _convert(model, cfg, progress=progress)
-
-
-__all__ = ["AmpError", "ConvertConfig", "PolicyConfig", "PrecisionConfig", "convert", "load"]
+__all__ = ["AmpError", "Conversion", "ConvertConfig", "LoadedModel", "PolicyConfig",
+           "PrecisionConfig", "convert", "load"]

@@ -169,8 +169,8 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
     """
     from pathlib import Path
 
-    from . import convert as api_convert
-    from . import load as api_load
+    from .convert import convert as api_convert
+    from .load import load as api_load
     from .errors import OutputError
 
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,

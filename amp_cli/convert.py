@@ -152,6 +152,10 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
             accuracy["tolerance_rel_l2"] = cfg.accuracy.rel_l2_tolerance
             accuracy["within_tolerance"] = bool(worst) and \
                 worst["rel_l2"] <= cfg.accuracy.rel_l2_tolerance
+            if worst and worst["nonfinite_share"] > 0:
+                notes.append(f"{worst['nonfinite_share']:.1%} of output values are inf/NaN in "
+                             f"{cfg.precision.precision}: activations overflow its range; keep "
+                             f"the overflowing nodes in fp32 (--exclude-node) or use bf16")
         step("report")
         report = build_report(model, cfg, target, prec, result, accuracy, notes,
                               timings={"convert_s": convert_seconds, "build_s": result.seconds})

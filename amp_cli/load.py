@@ -271,6 +271,10 @@ def _load_pt2(path: Path, input_shapes) -> LoadedModel:
 def _load_torch_factory(spec: str, input_shapes) -> LoadedModel:
     torch = _torch()
     mod_name, _, attr = spec.partition(":")
+    import sys
+
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: specs resolve from the cwd
     try:
         factory: Callable = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as exc:

@@ -152,3 +152,31 @@ def write_examples(outdir) -> list:
         onnx.save(fn(), str(p))
         paths.append(p)
     return paths
+
+
+def torch_tiny_convnet():
+    """A small torch module (odd channels, conv + linear + layernorm) for the torch frontend.
+    Spec for the CLI: ``amp_cli.models:torch_tiny_convnet`` with --input-shape x:1x3x16x16."""
+    import torch
+    from torch import nn
+
+    class TinyConvNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 7, 3, padding=1)
+            self.norm = nn.LayerNorm(7)
+            self.fc = nn.Linear(7, 5)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x)).mean(dim=(2, 3))
+            return torch.softmax(self.fc(self.norm(y)), dim=-1)
+
+    torch.manual_seed(0)
+    return TinyConvNet().eval()
+
+
+if __name__ == "__main__":  # python -m amp_cli.models OUTDIR
+    import sys
+
+    for written in write_examples(sys.argv[1] if len(sys.argv) > 1 else "examples/generated"):
+        print(f"wrote {written}")
