@@ -2,7 +2,7 @@
 
 TVM can segfault or abort inside compilation; in the parent that would kill the CLI with no
 message and lose state. Here the child is forked (so it inherits the in-memory IRModule; nothing
-is serialized), runs ``fn``, and sends back a picklable result. A signal death or a Python error
+is serialized; in-process once this process has used CUDA), runs ``fn``, and sends back a picklable result. A signal death or a Python error
 in the child becomes a :class:`BuildError` naming the stage (and the kernel, when the child said
 which one it was working on before it died).
 """
@@ -46,7 +46,11 @@ def _child(fn, args, kwargs, conn, progress):
 
 def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs) -> Any:
     """``fn(*args, **kwargs)`` in a forked child; returns its result or raises BuildError."""
-    if not isolate or os.environ.get("AMP_NO_SANDBOX"):
+    from .tvm_compat import cuda_touched
+
+    # A forked child cannot use a CUDA context its parent created: once this process has run
+    # something on the GPU, later builds run in-process (uncontained).
+    if not isolate or os.environ.get("AMP_NO_SANDBOX") or cuda_touched():
         return fn(*args, **kwargs)
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)

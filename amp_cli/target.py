@@ -41,17 +41,19 @@ class ResolvedTarget:
 
 
 def local_cuda_arch() -> str | None:
-    if not tvm_compat.has_cuda_device():
-        return None
-    version = tvm_compat.cuda_device().compute_version  # "9.0"
-    return "sm_" + version.replace(".", "")
+    version = tvm_compat.cuda_compute_version()  # "9.0"
+    return "sm_" + version.replace(".", "") if version else None
+
+
+# Where nvcc is looked for after PATH, CUDA_HOME and CUDA_PATH (the same places TVM looks).
+CUDA_DEFAULT_ROOTS = ("/usr/local/cuda",)
 
 
 def find_nvcc() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *CUDA_DEFAULT_ROOTS):
         if root and os.path.isfile(os.path.join(root, "bin", "nvcc")):
             return os.path.join(root, "bin", "nvcc")
     return None
@@ -59,7 +61,10 @@ def find_nvcc() -> str | None:
 
 def resolve_target(text: str, check_toolchain: bool = True) -> ResolvedTarget:
     """Parse a --target value. ``cuda`` takes the local GPU's arch, else sm_80 (and says so)."""
-    text = (text or "").strip()
+    if not isinstance(text, str):
+        raise TargetError(f"target must be a string such as cuda:sm_90 or llvm, got "
+                          f"{type(text).__name__} ({text!r})")
+    text = text.strip()
     if text.startswith("{"):
         try:
             spec = json.loads(text)
@@ -101,6 +106,7 @@ def resolve_target(text: str, check_toolchain: bool = True) -> ResolvedTarget:
     else:
         from .schedule.cpu import host_llvm_target
 
+        _check_llvm_cpu(spec.get("mcpu"))
         base = host_llvm_target(spec.get("mcpu"))
         base.update({k: v for k, v in spec.items() if k != "kind"})
         spec = base
@@ -110,6 +116,26 @@ def resolve_target(text: str, check_toolchain: bool = True) -> ResolvedTarget:
         raise TargetError(f"TVM rejects target {json.dumps(spec)}: "
                           f"{str(exc).strip().splitlines()[-1][:200]}") from None
     return ResolvedTarget(spec, notes)
+
+
+def _check_llvm_cpu(mcpu) -> None:
+    """LLVM only warns about an unknown -mcpu and builds for 'generic'; amp refuses it."""
+    if mcpu is None:
+        return
+    if not isinstance(mcpu, str) or not mcpu:
+        raise TargetError(f"llvm mcpu must be a CPU name such as skylake, got {mcpu!r}")
+    tvm_compat.tvm()
+    from tvm.target import codegen
+
+    triple = codegen.llvm_get_system_triple()
+    if not codegen.llvm_is_valid_cpu(mcpu, triple):
+        import difflib
+
+        known = list(codegen.llvm_get_cpu_archlist(tvm_compat.make_target({"kind": "llvm"})))
+        close = difflib.get_close_matches(mcpu, known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else \
+            "; omit it (llvm) to use this machine's CPU"
+        raise TargetError(f"unknown llvm CPU '{mcpu}' for {triple}{hint}")
 
 
 def cpu_target() -> ResolvedTarget:

@@ -107,15 +107,43 @@ def cpu_device():
     return tvm().cpu(0)
 
 
+_CUDA_TOUCHED = []
+
+
+def cuda_touched() -> bool:
+    """Whether this process has initialized CUDA (then a forked child cannot use it)."""
+    return bool(_CUDA_TOUCHED)
+
+
 def cuda_device():
+    _CUDA_TOUCHED.append(True)
     return tvm().cuda(0)
 
 
-def has_cuda_device() -> bool:
+_PROBE = ("import tvm; d = tvm.cuda(0); "
+          "print(d.compute_version if d.exist else '')")
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_compute_version() -> str | None:
+    """The local GPU's compute capability ("9.0"), or None. Probed in a subprocess, so this
+    process does not initialize CUDA: a forked build child could not use it afterwards."""
+    import shutil
+    import subprocess
+    import sys
+
+    if not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0")):
+        return None
     try:
-        return bool(tvm().cuda(0).exist)
-    except Exception:  # noqa: BLE001 - no driver is the same as no device
-        return False
+        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                             timeout=120).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out[-1] if out and out[-1] else None
+
+
+def has_cuda_device() -> bool:
+    return cuda_compute_version() is not None
 
 
 def to_tvm_tensor(array, device):
