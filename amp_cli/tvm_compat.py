@@ -201,34 +201,6 @@ def onnx_node_naming():
         cls._convert_operator = original
 
 
-def _walk_modules(mod, seen=None):
-    seen = seen if seen is not None else set()
-    for sub in mod.imports:
-        key = id(sub)
-        if key in seen:
-            continue
-        seen.add(key)
-        yield sub
-        yield from _walk_modules(sub, seen)
-
-
-def cuda_source(executable) -> str:
-    """The generated CUDA C++ of a compiled Relax executable ('' when there is none)."""
-    root = executable.mod if hasattr(executable, "mod") else executable
-    parts = []
-    for sub in _walk_modules(root):
-        if sub.kind == "cuda":
-            for fmt in ("cu", ""):
-                try:
-                    src = sub.inspect_source(fmt)
-                except Exception:  # noqa: BLE001 - format not available
-                    continue
-                if src and "__global__" in src:
-                    parts.append(src)
-                    break
-    return "\n".join(parts)
-
-
 def prim_func_class():
     """TIR's PrimFunc class (``tvm.tirx`` in 0.27, ``tvm.tir`` before)."""
     t = tvm()
@@ -312,3 +284,6 @@ def cuda_module_source(executable) -> str:
             out.append(m.inspect_source())
         stack.extend(m.imports)
     return "\n".join(out)
+
+
+cuda_source = cuda_module_source  # the name amp_cli.build uses
