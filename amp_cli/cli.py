@@ -144,6 +144,51 @@ def build_config(target, precision, accumulate, config_file, input_shapes, keep_
     return cfg
 
 
+def auto_precision_options(f):
+    """Accuracy-guided precision options (convert, inspect); see docs/auto-precision.md."""
+    opts = [
+        click.option("--auto-precision/--no-auto-precision", "auto_precision", default=None,
+                     help="Keep in fp32 (or --fallback) the nodes whose values leave the "
+                          "low type's range, then the fewest extra nodes that meet --tolerance."),
+        click.option("--tolerance", metavar="METRIC=VALUE", default=None,
+                     help="rel_l2, max_abs or cosine (a minimum) on held-out calibration "
+                          "inputs [default: rel_l2=1e-2]."),
+        click.option("--calibration", type=click.Path(dir_okay=False, exists=True),
+                     default=None, help=".npz of calibration inputs (a leading axis of samples "
+                                        "allowed)."),
+        click.option("--calibration-samples", type=click.IntRange(min=1), default=None,
+                     help="Random calibration input sets without --calibration [default: 4]."),
+        click.option("--calibration-range", metavar="LO,HI", default=None,
+                     help="Random float calibration inputs ~ U(LO, HI) [default: N(0, 1)]."),
+        click.option("--fallback", type=click.Choice(["fp32", "bf16"]), default=None,
+                     help="Type the kept nodes run in [default: fp32]."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def apply_auto_precision(cfg, auto_precision=None, tolerance=None, calibration=None,
+                         calibration_samples=None, calibration_range=None, fallback=None):
+    from .config import parse_tolerance, validate
+
+    a = cfg.auto_precision
+    if auto_precision is not None:
+        a.enabled = auto_precision
+    if tolerance:
+        a.metric, a.tolerance = parse_tolerance(tolerance)
+    if calibration:
+        a.calibration = calibration
+    if calibration_samples:
+        a.samples = calibration_samples
+    if calibration_range:
+        a.input_range = calibration_range
+    if fallback:
+        a.fallback = fallback
+    validate(cfg)
+    return cfg
+
+
 @main.command(epilog=EPILOG)
 @click.argument("model")
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False),
@@ -155,9 +200,11 @@ def build_config(target, precision, accumulate, config_file, input_shapes, keep_
 @click.option("--no-accuracy", is_flag=True, help="Skip the accuracy check.")
 @click.option("--threads", type=int, default=None,
               help="CPU threads for llvm runs (default: TVM_NUM_THREADS or all cores).")
+@auto_precision_options
 @_debug_option
 def convert(model, outdir, target, precision, accumulate, config_file, input_shapes,
-            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy, threads):
+            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy, threads,
+            **auto_opts):
     """Convert MODEL (.onnx, .pt2, or pkg.module:factory) to a mixed-precision library.
 
     \b
@@ -177,6 +224,7 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
                        exclude_ops, exclude_nodes, tuning_db)
     cfg.check_accuracy = not no_accuracy
     cfg.threads = threads
+    apply_auto_precision(cfg, **auto_opts)
     if Path(outdir).exists() and not force:
         raise OutputError(f"{outdir} exists; pass --force to overwrite it")
     bar, step = _progress_bar(6, "amp convert")
@@ -208,6 +256,10 @@ def summary_line(report: dict, out) -> str:
                      f"max abs {w['max_abs']:.3g}, cosine {w['cosine']:.6f}, non-finite "
                      f"{w['nonfinite_share']:.3g}"
                      + ("" if a.get("within_tolerance") else "  (ABOVE TOLERANCE)"))
+    if report.get("auto_precision"):
+        from .autoprecision import summary_text
+
+        parts.append("  " + summary_text(report["auto_precision"]))
     for n in report.get("notes", []):
         parts.append(f"  note: {n}")
     parts.append(f"  report: {out}/report.md")

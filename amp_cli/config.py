@@ -63,6 +63,26 @@ class AccuracyConfig:
 
 
 @dataclass
+class AutoPrecisionConfig:
+    """Accuracy-guided precision (``--auto-precision``; see docs/auto-precision.md).
+
+    Nodes whose fp32 values leave the low type's range (or underflow it badly) are kept in
+    ``fallback``; then the fewest extra nodes are kept there until the model meets
+    ``metric <= tolerance`` (``cosine >= tolerance``) on held-out calibration inputs.
+    """
+
+    enabled: bool = False
+    metric: str = "rel_l2"  # rel_l2 | max_abs | cosine
+    tolerance: float = 1e-2
+    fallback: str = "fp32"  # fp32 | bf16: the type kept nodes run in
+    calibration: str | None = None  # .npz of inputs (optionally with a leading sample axis)
+    samples: int = 4  # random calibration input sets when no .npz is given
+    input_range: str | None = None  # "LO,HI": random float inputs ~ U(LO, HI), else N(0, 1)
+    underflow_share: float = 1e-3  # keep a node when this share of its L2 norm is subnormal
+    seed: int = 1000  # calibration inputs differ from the accuracy check's seeds
+
+
+@dataclass
 class ConvertConfig:
     target: str = "cuda"
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -72,6 +92,7 @@ class ConvertConfig:
     simplify: bool = True  # onnx shape inference + onnxslim before import
     check_accuracy: bool = True
     threads: int | None = None  # CPU threads for the llvm runs (TVM_NUM_THREADS)
+    auto_precision: AutoPrecisionConfig = field(default_factory=AutoPrecisionConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -173,6 +194,7 @@ def validate(cfg: ConvertConfig) -> None:
     if p.accumulate not in ACCUMULATE:
         raise ConfigError(f"accumulate must be one of {', '.join(ACCUMULATE)}, got "
                           f"'{p.accumulate}'")
+    validate_auto_precision(cfg.auto_precision)
     for name, dims in cfg.input_shapes.items():
         if not isinstance(dims, (list, tuple)) or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
@@ -195,3 +217,51 @@ def parse_input_shape(text: str) -> tuple[str, list[int]]:
         raise ConfigError(f"--input-shape '{text}': dims must be positive integers separated by "
                           f"'x', e.g. {name}:1x3x224x224")
     return name, shape
+
+
+TOLERANCE_METRICS = ("rel_l2", "max_abs", "cosine")
+
+
+def validate_auto_precision(a: AutoPrecisionConfig) -> None:
+    if a.metric not in TOLERANCE_METRICS:
+        raise ConfigError(f"auto_precision.metric must be one of {', '.join(TOLERANCE_METRICS)}, "
+                          f"got '{a.metric}'")
+    if a.fallback not in ("fp32", "bf16"):
+        raise ConfigError(f"auto_precision.fallback must be fp32 or bf16, got '{a.fallback}'")
+    if not a.tolerance >= 0:
+        raise ConfigError(f"auto_precision.tolerance must be >= 0, got {a.tolerance}")
+    if a.samples < 1:
+        raise ConfigError(f"auto_precision.samples must be >= 1, got {a.samples}")
+    if a.input_range is not None:
+        parse_input_range(a.input_range)
+
+
+def parse_tolerance(text: str) -> tuple[str, float]:
+    """'rel_l2=1e-2' -> ('rel_l2', 0.01); a bare number means rel_l2."""
+    metric, sep, value = text.partition("=")
+    if not sep:
+        metric, value = "rel_l2", text
+    metric = metric.strip().replace("-", "_")
+    if metric not in TOLERANCE_METRICS:
+        raise ConfigError(f"--tolerance '{text}': metric must be one of "
+                          f"{', '.join(TOLERANCE_METRICS)}, e.g. rel_l2=1e-2")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"--tolerance '{text}': '{value}' is not a number, e.g. "
+                          f"rel_l2=1e-2") from None
+    if not number >= 0:
+        raise ConfigError(f"--tolerance '{text}': the value must be >= 0")
+    return metric, number
+
+
+def parse_input_range(text: str) -> tuple[float, float]:
+    """'LO,HI' -> (LO, HI) with LO < HI."""
+    parts = str(text).split(",")
+    try:
+        lo, hi = (float(v) for v in parts)
+    except ValueError:
+        raise ConfigError(f"calibration range '{text}': expected LO,HI, e.g. 0,1") from None
+    if not lo < hi:
+        raise ConfigError(f"calibration range '{text}': LO must be below HI")
+    return lo, hi

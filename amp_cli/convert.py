@@ -72,6 +72,10 @@ class Conversion:
             report["artifacts"] = {"model.so": os.path.getsize(tmp / "model.so")}
             write_json(tmp / "report.json", report)
             (tmp / "report.md").write_text(render_markdown(report))
+            if report.get("auto_precision"):  # skipped without matplotlib
+                from .sensitivity import write_chart
+
+                write_chart(report["auto_precision"], tmp / "sensitivity.png")
             if out.exists():
                 old = parent / f".{out.name}.old-{os.getpid()}"
                 os.replace(out, old)
@@ -123,9 +127,18 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
     missing = [n for n in cfg.precision.policy.exclude_nodes if n not in model.node_types]
     if missing and model.node_types:
         notes.append(f"--exclude-node names no node of the model: {', '.join(missing)}")
+    auto = None
+    if cfg.auto_precision.enabled:  # choose the nodes kept in fp32/bf16 (docs/auto-precision.md)
+        from .autoprecision import auto_precision
+
+        auto = auto_precision(model, cfg, isolate=isolate)
+        notes.extend(auto.notes)
+        if cfg.auto_precision.metric == "rel_l2":
+            cfg.accuracy.rel_l2_tolerance = cfg.auto_precision.tolerance
     t0 = time.perf_counter()
     step("mixed precision")
-    mod, prec = convert_precision(model.mod, cfg.precision, model.node_types)
+    mod, prec = auto.convert(model) if auto else \
+        convert_precision(model.mod, cfg.precision, model.node_types)
     convert_seconds = time.perf_counter() - t0
     staging = tempfile.mkdtemp(prefix="amp-build-")
     try:
@@ -158,7 +171,8 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
                              f"the overflowing nodes in fp32 (--exclude-node) or use bf16")
         step("report")
         report = build_report(model, cfg, target, prec, result, accuracy, notes,
-                              timings={"convert_s": convert_seconds, "build_s": result.seconds})
+                              timings={"convert_s": convert_seconds, "build_s": result.seconds},
+                              auto_precision=auto.to_dict() if auto else None)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

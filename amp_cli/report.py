@@ -66,7 +66,9 @@ def write_json(path: str | Path, data: dict) -> None:
     Path(path).write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
 
 
-def build_report(model, cfg, target, prec, build, accuracy, notes, timings) -> dict:
+def build_report(model, cfg, target, prec, build, accuracy, notes, timings,
+                 auto_precision=None) -> dict:
+    extra = {"auto_precision": auto_precision} if auto_precision else {}
     return _clean({
         "report_version": REPORT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -79,6 +81,7 @@ def build_report(model, cfg, target, prec, build, accuracy, notes, timings) -> d
         "accuracy": accuracy,
         "timings": timings,
         "notes": list(notes),
+        **extra,
     })
 
 
@@ -159,4 +162,8 @@ def render_markdown(r: dict) -> str:
             lines.append(f"| **worst** | {_fmt(w['max_abs'])} | {_fmt(w['rel_l2'])} | "
                          f"{_fmt(w['cosine'])} | {_fmt(w['nonfinite_share'])} |")
         lines.append("")
+    if r.get("auto_precision"):
+        from .sensitivity import render_markdown_section
+
+        lines += render_markdown_section(r["auto_precision"])
     return "\n".join(lines)
