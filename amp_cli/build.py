@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from . import tvm_compat
 from .errors import BuildError
-from .sandbox import note_kernel, run_isolated
+from .sandbox import note_step, run_isolated
 from .target import ResolvedTarget
 
 TENSOR_CORE_MARKERS = ("mma_sync", "mma.sync", "wmma::", "wgmma")
@@ -64,16 +64,16 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None) 
     tvm = tvm_compat.tvm()
     start = time.perf_counter()
     tgt = target.tvm_target()
-    note_kernel("(relax pipeline)")
+    note_step("relax pipeline")
     with tgt:
         lowered = relax_pipeline(target, tuning_db)(mod)
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
                      if isinstance(f, tvm_compat.prim_func_class()))
-    note_kernel("(TIR lowering and codegen)")
+    note_step("codegen")
     records: list = []
     ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
                                   tir_pipeline=tir_pipeline(target, records))
-    note_kernel("(export)")
+    note_step("export")
     ex.export_library(out_path)
     src = tvm_compat.cuda_source(ex) if target.is_cuda else ""
     tc = 0

@@ -5,6 +5,8 @@ Exit codes: 0 ok, 1 amp error (one line on stderr), 2 usage error, 3 bench gate 
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import traceback
 
@@ -24,22 +26,66 @@ Exit codes:
 
 
 class AmpGroup(click.Group):
-    """Turns AmpError into one line on stderr and its exit code."""
+    """Turns AmpError into one line on stderr and its exit code.
+
+    Ctrl-C (SIGINT) and SIGTERM raise KeyboardInterrupt, so every cleanup path (staging dirs,
+    OUTDIR temp dirs, the sandboxed child) runs; the exit code is 128 + the signal (130 for
+    Ctrl-C). TVM turns a KeyboardInterrupt raised inside one of its Python callbacks into a
+    plain RuntimeError, so any error after a signal counts as the interrupt. Any other
+    unexpected exception is one line too (``--debug`` shows the traceback).
+    """
 
     def invoke(self, ctx):
+        with _signals_interrupt() as received:
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.Exit, click.ClickException, click.Abort):
+                raise
+            except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - the boundary
+                if received:
+                    click.echo("amp: interrupted" if received[0] == signal.SIGINT else
+                               f"amp: terminated ({signal.Signals(received[0]).name})", err=True)
+                    ctx.exit(128 + received[0])
+                if isinstance(exc, KeyboardInterrupt):
+                    click.echo("amp: interrupted", err=True)
+                    ctx.exit(EXIT_INTERRUPTED)
+                if _debug_requested(ctx):
+                    traceback.print_exc()
+                    tb = getattr(exc, "child_traceback", None)
+                    if tb:
+                        click.echo(tb, err=True)
+                if isinstance(exc, AmpError):
+                    click.echo(f"amp: error: {exc}", err=True)
+                    ctx.exit(exc.exit_code)
+                first = (str(exc).strip().splitlines() or [""])[-1][:300]
+                click.echo(f"amp: error: internal error: {type(exc).__name__}"
+                           f"{': ' + first if first else ''} (a bug in amp or TVM; rerun with "
+                           f"--debug for the traceback)", err=True)
+                ctx.exit(EXIT_ERROR)
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """While a command runs, SIGINT and SIGTERM raise KeyboardInterrupt; yields the list of
+    signals received."""
+    received: list[int] = []
+
+    def handler(signum, _frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            return super().invoke(ctx)
-        except AmpError as exc:
-            if _debug_requested(ctx):
-                traceback.print_exc()
-                tb = getattr(exc, "child_traceback", None)
-                if tb:
-                    click.echo(tb, err=True)
-            click.echo(f"amp: error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("amp: interrupted", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
+            if signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):
+                previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _debug_requested(ctx) -> bool:
@@ -93,9 +139,10 @@ def _progress_bar(total: int, desc: str):
 def convert_options(f):
     """Options shared by convert, tune, inspect and bench (when given a model)."""
     opts = [
-        click.option("--target", "-t", default="cuda", show_default=True,
+        click.option("--target", "-t", default=None,
                      help="cuda (arch of the local GPU, else sm_80), cuda:sm_90, llvm, "
-                          "llvm:<mcpu>, or a TVM target JSON dict."),
+                          "llvm:<mcpu>, or a TVM target JSON dict [default: the --config "
+                          "file's target, else cuda]."),
         click.option("--precision", type=click.Choice(["fp16", "bf16", "fp32"]), default=None,
                      help="Low-precision type [default: fp16]."),
         click.option("--accumulate", type=click.Choice(["fp32", "fp16"]), default=None,
@@ -214,19 +261,16 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
     on seeded random inputs; on a machine without a GPU a CUDA build is checked
     through a CPU build of the same converted module.
     """
-    from pathlib import Path
-
+    from .convert import check_outdir
     from .convert import convert as api_convert
     from .load import load as api_load
-    from .errors import OutputError
 
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
                        exclude_ops, exclude_nodes, tuning_db)
     cfg.check_accuracy = not no_accuracy
     cfg.threads = threads
     apply_auto_precision(cfg, **auto_opts)
-    if Path(outdir).exists() and not force:
-        raise OutputError(f"{outdir} exists; pass --force to overwrite it")
+    check_outdir(outdir, force)  # before minutes of work, not after
     bar, step = _progress_bar(6, "amp convert")
     try:
         step("load")

@@ -141,9 +141,12 @@ def _apply(obj, data: dict, where: str, source: str):
             setattr(obj, key, _expect(value, int, f"{source}: {path}"))
         elif isinstance(current, float):
             setattr(obj, key, float(_expect(value, (int, float), f"{source}: {path}")))
-        else:  # str or optional
+        else:  # str, or an optional field (None default): its annotation gives the type
             if value is not None:
-                _expect(value, (str, int, float), f"{source}: {path}")
+                ann = str(fields[key].type)
+                want = (int if ann.startswith("int") else float if ann.startswith("float")
+                        else str) if current is None else str
+                _expect(value, (int, float) if want is float else want, f"{source}: {path}")
             setattr(obj, key, value)
 
 
@@ -154,7 +157,13 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text (UTF-8) YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -167,7 +176,10 @@ def read_yaml(path: str | Path) -> dict:
 
 def apply_yaml(cfg: ConvertConfig, data: dict, source: str) -> ConvertConfig:
     _apply(cfg, data, "", source)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as exc:  # say which file the bad value came from
+        raise ConfigError(f"{source}: {exc}") from None
     return cfg
 
 

@@ -52,21 +52,19 @@ class Conversion:
     def save(self, outdir: str | Path, force: bool = False) -> Path:
         """Write model.so, report.json and report.md into `outdir`, atomically: a failure or an
         interrupt leaves either the old OUTDIR or none, never a half-written one."""
-        out = Path(outdir).resolve()
-        if out.exists() and not force:
-            raise OutputError(f"{out} exists; pass --force to overwrite it")
-        if out.exists() and not out.is_dir():
-            raise OutputError(f"{out} exists and is not a directory")
+        out = check_outdir(outdir, force)
         parent = out.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
         except OSError as exc:
-            raise OutputError(f"cannot create {parent}: {exc.strerror}") from None
-        if not os.access(parent, os.W_OK):
-            raise OutputError(f"{parent} is not writable")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+            raise OutputError(f"cannot write {out}: {exc.strerror} ({exc.filename})") from None
         old = None
         try:
+            # mkdtemp makes it 0700; OUTDIR gets the permissions any new directory gets
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o777 & ~umask)
             shutil.copy2(self.build.library, tmp / "model.so")
             report = copy.deepcopy(self.report)
             report["artifacts"] = {"model.so": os.path.getsize(tmp / "model.so")}
@@ -91,6 +89,30 @@ class Conversion:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def check_outdir(outdir: str | Path, force: bool = False) -> Path:
+    """Fail early (before converting) when `outdir` cannot be written: it exists without
+    `force`, it is not a directory, a parent is a file, or the nearest existing parent refuses a
+    new directory (probed for real: root ignores permission bits but not read-only or virtual
+    file systems). Creates nothing. Returns the resolved path."""
+    out = Path(outdir).resolve()
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise OutputError(f"{out} exists and is not a directory")
+        if not force:
+            raise OutputError(f"{out} exists; pass --force to overwrite it")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"cannot create {out}: {parent} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".amp-probe-", dir=parent))
+    except OSError as exc:
+        raise OutputError(f"cannot create {out}: {parent} is not writable "
+                          f"({exc.strerror})") from None
+    return out
 
 
 def prepare_config(cfg: ConvertConfig, target: ResolvedTarget) -> ConvertConfig:

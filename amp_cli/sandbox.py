@@ -5,13 +5,26 @@ message and lose state. Here the child is forked (so it inherits the in-memory I
 is serialized; in-process once this process has used CUDA), runs ``fn``, and sends back a picklable result. A signal death or a Python error
 in the child becomes a :class:`BuildError` naming the stage (and the kernel, when the child said
 which one it was working on before it died).
+
+The child dies with its parent (PR_SET_PDEATHSIG), so a killed CLI leaves no compiler running;
+an interrupted parent kills the child. ``--debug`` shows the child's Python stack at a crash
+(faulthandler).
+
+Test hook: ``AMP_TEST_CRASH=<pattern>[:<SIGNAL>|abort]`` makes sandboxed work crash, on purpose,
+when it notes a step or kernel whose name matches the glob ``pattern`` (build steps: ``relax
+pipeline``, ``codegen``, ``export``; e.g. ``AMP_TEST_CRASH=codegen:SIGSEGV``). It fires only
+inside a sandboxed child, never in the CLI process itself.
 """
 from __future__ import annotations
 
+import faulthandler
+import fnmatch
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
+import sys
 import tempfile
 import traceback
 from typing import Any, Callable
@@ -21,18 +34,70 @@ from .errors import AmpError, BuildError
 _PROGRESS_ENV = "AMP_SANDBOX_PROGRESS"
 
 
+_CRASH_ENV = "AMP_TEST_CRASH"
+
+
 def note_kernel(name: str) -> None:
     """Called from inside sandboxed work: remember the kernel being compiled, so a crash can
     name it."""
+    _note("kernel", name)
+
+
+def note_step(name: str) -> None:
+    """Called from inside sandboxed work: remember the step (not a single kernel) under way."""
+    _note("step", name)
+
+
+def _note(kind: str, name: str) -> None:
     path = os.environ.get(_PROGRESS_ENV)
-    if path:
-        with open(path, "w") as f:
-            f.write(name)
+    if not path:
+        return
+    with open(path, "w") as f:
+        f.write(f"{kind}\t{name}")
+    _maybe_crash(name)
 
 
-def _child(fn, args, kwargs, conn, progress):
+def _maybe_crash(name: str) -> None:
+    """The AMP_TEST_CRASH hook (see the module docstring)."""
+    spec = os.environ.get(_CRASH_ENV)
+    if not spec:
+        return
+    pattern, _, how = spec.partition(":")
+    if not fnmatch.fnmatchcase(name, pattern):
+        return
+    if how == "abort":
+        os.abort()
+    os.kill(os.getpid(), getattr(signal, how or "SIGSEGV"))
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's finally still kills us
+        pass
+
+
+def _child(fn, args, kwargs, conn, progress, crash_log):
+    _die_with_parent()
     os.environ[_PROGRESS_ENV] = progress
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    # The child's stderr goes to a file: a crash's backtraces (faulthandler's Python stack,
+    # TVM's own segfault handler) are --debug material, not the one-line error. The parent
+    # replays it after a successful run.
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    fd = os.open(crash_log, os.O_WRONLY | os.O_TRUNC)
+    os.dup2(fd, 2)
+    os.close(fd)
+    # disable first: enable() on an already enabled faulthandler keeps the old signal handler
+    # registration, and TVM's own SIGSEGV handler (installed later) would run alone
+    faulthandler.disable()
+    faulthandler.enable(file=2, all_threads=False)  # fd 2: sys.stderr may be no real file
     try:
         result = fn(*args, **kwargs)
         conn.send(("ok", pickle.dumps(result)))
@@ -53,11 +118,15 @@ def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs
     if not isolate or os.environ.get("AMP_NO_SANDBOX") or cuda_touched():
         return fn(*args, **kwargs)
     ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    with tempfile.NamedTemporaryFile(prefix="amp-progress-", delete=False) as f:
-        progress = f.name
-    proc = ctx.Process(target=_child, args=(fn, args, kwargs, child, progress), daemon=True)
-    try:
+    work, proc, parent = None, None, None
+    try:  # everything, temp files included, inside: an interrupt anywhere leaves nothing
+        work = tempfile.mkdtemp(prefix="amp-sandbox-")
+        progress, crash_log = os.path.join(work, "progress"), os.path.join(work, "stderr")
+        for path in (progress, crash_log):
+            open(path, "w").close()
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(fn, args, kwargs, child, progress, crash_log),
+                           daemon=True)
         proc.start()
         child.close()
         msg = None
@@ -65,39 +134,51 @@ def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs
             msg = parent.recv()
         except EOFError:
             pass
-        proc.join()
+        proc.join(timeout=None if msg is None else 30)
         if msg is None:
-            kernel = _read(progress)
             sig = -proc.exitcode if proc.exitcode and proc.exitcode < 0 else None
+            if sig == signal.SIGINT:  # Ctrl-C reached the child's process group first
+                raise KeyboardInterrupt
+            kind, name = _read_progress(progress)
             how = f"crashed with {signal.Signals(sig).name}" if sig else \
                 f"died (exit code {proc.exitcode})"
-            where = f" while compiling kernel '{kernel}'" if kernel else ""
-            raise BuildError(f"stage '{stage}': TVM {how}{where}; rerun with --debug for "
+            where = f" while compiling kernel '{name}'" if kind == "kernel" else \
+                f" during {name}" if name else ""
+            err = BuildError(f"stage '{stage}': TVM {how}{where}; rerun with --debug for "
                              f"details, or exclude the op/node with --exclude-op/--exclude-node",
-                             stage=stage, kernel=kernel or None)
+                             stage=stage, kernel=name if kind == "kernel" else None)
+            err.child_traceback = _read(crash_log) or None
+            raise err
         kind = msg[0]
         if kind == "ok":
+            captured = _read(crash_log)
+            if captured:
+                sys.stderr.write(captured + "\n")
             return pickle.loads(msg[1])
         if kind == "amp":
-            raise pickle.loads(msg[1])
+            exc = pickle.loads(msg[1])
+            exc.child_traceback = _read(crash_log) or None
+            raise exc
         first = msg[1].strip().splitlines()
         line = first[-1] if first else "unknown error"
+        kind, name = _read_progress(progress)
         err = BuildError(f"stage '{stage}' failed: {line[:400]}", stage=stage,
-                         kernel=_read(progress) or None)
-        err.child_traceback = msg[2]
+                         kernel=name if kind == "kernel" else None)
+        err.child_traceback = "\n".join(t for t in (_read(crash_log), msg[2]) if t)
         raise err
-    except KeyboardInterrupt:
-        proc.kill()
-        proc.join()
-        raise
     finally:
-        if proc.is_alive():
+        if proc is not None and proc.is_alive():
             proc.kill()
             proc.join()
-        try:
-            os.unlink(progress)
-        except OSError:
-            pass
+        if parent is not None:
+            parent.close()
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _read_progress(path: str) -> tuple[str, str]:
+    kind, sep, name = _read(path).partition("\t")
+    return (kind, name) if sep else ("kernel" if kind else "", kind)
 
 
 def _read(path: str) -> str:
