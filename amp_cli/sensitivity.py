@@ -481,6 +481,14 @@ def write_chart(ap: dict, path) -> str | None:
     score = [min(max(_num(n.get("score")), 1e-12), 1e6) for n in nodes]
     kept = {k["node"] for k in ap.get("kept") or []}
     colors = ["tab:red" if n in kept else "tab:blue" for n in names]
+    try:
+        _plot(plt, path, names, ratio, score, colors)
+    except Exception:  # noqa: BLE001 - a chart never costs the conversion
+        return None
+    return str(path)
+
+
+def _plot(plt, path, names, ratio, score, colors):
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6, 0.18 * len(names)), 6), sharex=True)
     x = range(len(names))
     ax1.bar(x, ratio, color=colors)
@@ -496,4 +504,3 @@ def write_chart(ap: dict, path) -> str | None:
     fig.tight_layout()
     fig.savefig(str(path), dpi=110)
     plt.close(fig)
-    return str(path)

@@ -7,6 +7,7 @@ docs/auto-precision.md states: variants <= 2 * ceil(log2 n) + 3 for n candidate 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -147,6 +148,11 @@ def test_overflow_model_cli_convert(files, tmp_path):
     md = (out / "report.md").read_text()
     assert "## Auto precision" in md and "| square | Mul | values leave the float16 range" in md
     assert "first node producing inf/NaN: `square`" in md
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "sensitivity.png").stat().st_size > 0
+    else:  # skipped cleanly, and said so
+        assert not (out / "sensitivity.png").exists()
+        assert any("matplotlib" in n for n in ap["notes"])
 
     # The library itself: finite and close to ORT on fresh inputs.
     loaded = amp_cli.load(files["overflow"])
