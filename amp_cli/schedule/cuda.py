@@ -1,19 +1,30 @@
 """amp's Relax pipeline for CUDA.
 
-TVM's own CUDA pipeline (tvm/relax/backend/cuda/pipeline.py) with two changes: tuning-record
-passes (MetaSchedule ApplyDatabase) run before dlight's default rules, so tuned kernels keep
-their tuned schedules and only the rest get dlight's; and the pass list is assembled here, in one
-place, so convert and tune compile the same way.
+TVM's own CUDA pipeline (tvm/relax/backend/cuda/pipeline.py) with these changes:
+
+- convolutions become GEMMs first (``conv_gemm``: NHWC + im2col + an NT matmul), so fp16/bf16
+  convs reach dlight's tensor-core matmul rule instead of SIMT fallback code;
+- tuning-record passes (MetaSchedule ApplyDatabase) run before the default rules, so tuned
+  kernels keep their tuned schedules and only the rest get the defaults;
+- the default matmul rule is amp's (``tensorcore.AmpMatmul``): dlight's, plus tensor cores for
+  GEMMs with a side of 17..64 (dlight's cut-off is > 64 on every side) and for bf16 on sm_80+;
+- Relax's CUDA-graph rewriting is on (``relax.backend.use_cuda_graph``): the kernels between the
+  input and the output of a static-shape model are captured once and replayed as one graph;
+- the pass list is assembled here, in one place, so convert and tune compile the same way.
 """
 from __future__ import annotations
 
 from .. import tvm_compat
 
+CUDA_GRAPH_CONFIG = "relax.backend.use_cuda_graph"
+
 
 def cuda_schedule_passes(target) -> list:
+    from .tensorcore import AmpMatmul
+
     dl = tvm_compat.dlight()
     return [dl.ApplyDefaultSchedule(
-        dl.gpu.Matmul(),
+        AmpMatmul(),
         dl.gpu.GEMV(),
         dl.gpu.Reduction(),
         dl.gpu.GeneralReduction(),
@@ -21,16 +32,37 @@ def cuda_schedule_passes(target) -> list:
     )]
 
 
-def cuda_relax_pipeline(target, extra_schedule_passes=None):
+def cuda_graph_config(enabled: bool = True) -> dict:
+    """PassContext config that turns Relax's CUDA-graph rewriting (RewriteCUDAGraph, one of the
+    finalize passes) on or off."""
+    return {CUDA_GRAPH_CONFIG: bool(enabled)}
+
+
+def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, cuda_graph=True):
+    """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
+
+    conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
+    cuda_graph: capture the static part of the model into a CUDA graph at the first run.
+    Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
+    """
     tvm = tvm_compat.tvm()
     relax = tvm.relax
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415 - version-bound
 
+    from .conv_gemm import conv_to_gemm_pass
+
     @tvm.transform.module_pass(opt_level=0, name="AmpCUDAPipeline")
-    def _pipeline(mod, _ctx):
-        with target:
+    def _pipeline(mod, ctx):
+        graph_passes = [conv_to_gemm_pass()] if conv_as_gemm else []
+        # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
+        # keeping the caller's other config and instruments.
+        config = {str(k): v for k, v in ctx.config.items()}
+        config.update(cuda_graph_config(cuda_graph))
+        with target, tvm.transform.PassContext(opt_level=ctx.opt_level, config=config,
+                                               instruments=list(ctx.instruments)):
             seq = tvm.transform.Sequential(
                 cuda.library_dispatch_passes(target)
+                + graph_passes
                 + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                    relax.transform.FoldConstant(), relax.transform.FuseOps(),
                    relax.transform.FuseTIR()]

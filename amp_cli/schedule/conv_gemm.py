@@ -1,0 +1,184 @@
+"""Convolutions as GEMMs, so that dlight's tensor-core matmul rule can schedule them.
+
+dlight has a wmma tensor-core rule for matmuls (``MatmulTensorization``) but none for conv2d: a
+legalized NCHW conv2d falls back to SIMT code. This Relax pass moves the model to NHWC and
+rewrites each eligible ``relax.nn.conv2d`` (fp16/bf16 inputs, groups=1, static shapes) into:
+
+    x [N,H,W,C] --im2col--> A [N,Ho,Wo, kh*kw*C]       (1x1 stride-1 unpadded: A is x itself)
+    w [O,kh,kw,C] --reshape--> B [O, kh*kw*C]          (a constant, folded at compile time)
+    y[n,ho,wo,o] = sum_k A[n,ho,wo,k] * B[o,k]         (accumulated in the conv's out_dtype)
+
+dlight sees an [M=N*Ho*Wo, K] x [K, O] GEMM (it fuses n, ho, wo into M itself).
+
+The GEMM is emitted as one TE reduction with B in [J, K] order, which is the operand layout
+dlight's tensor-core rule loads natively (its wmma intrinsics are the ``trans_b`` ones); a
+``relax.matmul`` with a transposed constant would be folded into a [K, J] constant and loaded
+with strided, unvectorized global reads. The im2col is its own spatial kernel (padding done
+in-kernel), so the im2col tensor is materialized once per conv: memory traffic, but small next to
+SIMT conv time. Depthwise/grouped and fp32 convolutions are left as convolutions (in NHWC).
+
+Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/N/K to its tile
+(``pad_einsum``), so odd channel counts still get tensor cores.
+"""
+from __future__ import annotations
+
+from .. import tvm_compat
+
+LOW_TYPES = ("float16", "bfloat16")
+CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+
+
+def _static_shape(expr) -> list[int] | None:
+    sinfo = expr.ty
+    shape = getattr(sinfo, "shape", None)
+    if shape is None or not hasattr(shape, "values"):
+        return None
+    out = []
+    for v in shape.values:
+        if not hasattr(v, "value"):
+            return None
+        out.append(int(v.value))
+    return out
+
+
+def _is_candidate(call, want_layout: str | None = None) -> bool:
+    """fp16/bf16, groups=1, static-shape conv2d (in ``want_layout`` when given)."""
+    if not (hasattr(call, "op") and getattr(call.op, "name", None) == "relax.nn.conv2d"):
+        return False
+    a = call.attrs
+    if int(a.groups) != 1:
+        return False
+    if want_layout and (a.data_layout != want_layout or a.kernel_layout != "OHWI"
+                        or a.out_layout not in ("", want_layout)):
+        return False
+    x, w = call.args
+    if x.ty.dtype not in LOW_TYPES or w.ty.dtype != x.ty.dtype:
+        return False
+    return _static_shape(x) is not None and _static_shape(w) is not None
+
+
+def count_gemm_convs(mod) -> int:
+    """How many conv2d calls in ``mod`` this pass would rewrite (any layout)."""
+    relax = tvm_compat.relax()
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and _is_candidate(expr):
+            found.append(expr)
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return len(found)
+
+
+def _im2col(te, tirx, x, kh, kw, strides, padding, dilation, out_hw):
+    """A[n, ho, wo, (i*kw + j)*C + c] = x[n, ho*sh + i*dh - pt, wo*sw + j*dw - pl, c]
+    (zero outside the image)."""
+    n_, h_, w_, c_ = (int(d) for d in x.shape)
+    ho_, wo_ = out_hw
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl = padding[0], padding[1]
+
+    def value(n, ho, wo, k):
+        i, r = k // (kw * c_), k % (kw * c_)
+        j, c = r // c_, r % c_
+        h = ho * sh + i * dh - pt
+        w = wo * sw + j * dw - pl
+        inside = tirx.all(h >= 0, h < h_, w >= 0, w < w_)
+        return tirx.if_then_else(inside, x[n, h, w, c], tirx.const(0, x.dtype))
+
+    return te.compute((n_, ho_, wo_, kh * kw * c_), value, name="im2col")
+
+
+def _gemm_nt(te, a, b, out_dtype):
+    """C[n, ho, wo, o] = sum_k A[n, ho, wo, k] * B[o, k], products and sum in ``out_dtype``.
+    Keeping the NHWC output shape (no reshape after the GEMM) lets FuseOps fuse the elementwise
+    epilogue (cast, bias, ReLU, residual add) into the GEMM kernel: it fuses elementwise and
+    broadcast consumers only, and a reshape in between would stop it."""
+    n, ho, wo, k = (int(d) for d in a.shape)
+    o = int(b.shape[0])
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute(
+        (n, ho, wo, o),
+        lambda bn, i, j, oc: te.sum(a[bn, i, j, r].astype(out_dtype) * b[oc, r].astype(out_dtype),
+                                    axis=r), name="conv_gemm")
+
+
+def _rewrite_conv(bb, call):
+    """Emit the GEMM form of an NHWC/OHWI conv2d call; returns the replacement expression."""
+    tvm = tvm_compat.tvm()
+    relax, te, tirx = tvm.relax, tvm.te, tvm.tirx
+    a = call.attrs
+    x, w = call.args
+    n, h, wd, c = _static_shape(x)
+    o, kh, kw, _ = _static_shape(w)
+    strides = [int(s) for s in a.strides]
+    dilation = [int(d) for d in a.dilation]
+    padding = [int(p) for p in a.padding]  # top, left, bottom, right
+    ho = (h + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    wo = (wd + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_dtype = str(a.out_dtype) if str(a.out_dtype) not in ("", "void") else x.ty.dtype
+
+    if kh == kw == 1 and strides == [1, 1] and not any(padding):
+        cols = x  # already [N, H, W, C]
+    else:
+        cols = bb.emit_te(
+            lambda xt: _im2col(te, tirx, xt, kh, kw, strides, padding, dilation, (ho, wo)), x,
+            primfunc_name_hint="amp_im2col")
+    wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
+    return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), cols, wmat,
+                      primfunc_name_hint="amp_conv_gemm")
+
+
+def _make_mutator():
+    relax = tvm_compat.relax()
+
+    @relax.expr_functor.mutator
+    class _ConvToGemm(relax.PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.mod_ = mod
+            self.rewritten = 0
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if _is_candidate(call, want_layout="NHWC"):
+                self.rewritten += 1
+                return _rewrite_conv(self.builder_, call)
+            return call
+
+        def run(self):
+            for gv, func in self.mod_.functions.items():
+                if isinstance(func, relax.Function):
+                    self.builder_.update_func(gv, self.visit_expr(func))
+            return self.builder_.get()
+
+    return _ConvToGemm
+
+
+def conv_to_gemm(mod):
+    """Return ``mod`` with eligible conv2d calls in GEMM form (see the module docstring); a module
+    without any is returned unchanged (no layout change)."""
+    relax = tvm_compat.relax()
+    if not count_gemm_convs(mod):
+        return mod
+    mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
+    mod = _make_mutator()(mod).run()
+    # The rewrite leaves reshapes/layout transforms of constant weights: fold them now so the
+    # GEMM's B operand is a plain constant before FuseOps groups kernels.
+    mod = relax.transform.FoldConstant()(mod)
+    entries = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    return relax.transform.DeadCodeElimination(entries)(mod)
+
+
+def conv_to_gemm_pass():
+    """``conv_to_gemm`` as a module pass (run after precision conversion, before LegalizeOps)."""
+    tvm = tvm_compat.tvm()
+
+    @tvm.transform.module_pass(opt_level=0, name="AmpConvToGemm")
+    def _pass(mod, _ctx):
+        return conv_to_gemm(mod)
+
+    return _pass

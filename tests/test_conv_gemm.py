@@ -1,0 +1,170 @@
+"""Convolutions as GEMMs (amp_cli.schedule.conv_gemm) and amp's tensor-core rule.
+
+(a) numerics on the CPU: the rewritten graph against the original conv2d, both built for llvm,
+    on random non-zero inputs (odd channels, strides 1/2, kernels 1/3/5/7, padding, dilation);
+(b) sm_90 codegen: every conv-derived GEMM of a ResNet-shaped graph is a wmma kernel, in fp16
+    and bf16, and the CUDA-graph capture function is emitted.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+pytest.importorskip("onnx")
+
+from amp_cli import tvm_compat  # noqa: E402
+from amp_cli.schedule.conv_gemm import conv_to_gemm, count_gemm_convs  # noqa: E402
+
+relax = tvm.relax
+
+
+def _conv_module(n, c, h, w, o, k, stride, pad, dtype="float16", out_dtype="float32", groups=1,
+                 dilation=1, seed=0):
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((o, c // groups, k, k)) / np.sqrt(c * k * k / groups))
+    bias = rng.standard_normal((1, o, 1, 1)) * 0.1
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, c, h, w), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(weight.astype(dtype)), strides=stride,
+                                           padding=pad, dilation=dilation, groups=groups,
+                                           out_dtype=out_dtype))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(bias.astype(out_dtype)))))
+            gv = bb.emit_output(y)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _run_llvm(mod, x):
+    ex = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy().astype(np.float64)
+
+
+def _ops(mod) -> list[str]:
+    names = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and hasattr(e.op, "name"):
+            names.append(e.op.name)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return names
+
+
+# (n, c, h, w, o, k, stride, pad, dilation)
+CASES = [
+    (2, 5, 9, 11, 7, 3, 1, 1, 1),     # odd channels, 3x3 same
+    (2, 13, 17, 15, 9, 3, 2, 1, 1),   # stride 2, odd spatial
+    (1, 3, 20, 20, 16, 7, 2, 3, 1),   # ResNet stem shape
+    (2, 6, 8, 8, 10, 1, 1, 0, 1),     # 1x1 stride 1: reshape-free GEMM
+    (2, 6, 9, 9, 10, 1, 2, 0, 1),     # 1x1 stride 2 (downsample)
+    (1, 4, 12, 10, 6, 3, 1, 2, 2),    # dilation 2
+    (1, 3, 10, 10, 5, 5, 1, (1, 2, 0, 2), 1),  # asymmetric padding, 5x5
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(str(v) for v in c[:8]))
+def test_rewrite_matches_conv2d_on_cpu(case):
+    n, c, h, w, o, k, stride, pad, dil = case
+    mod = _conv_module(n, c, h, w, o, k, stride, pad, dilation=dil)
+    new = conv_to_gemm(mod)
+    ops = _ops(new)
+    assert "relax.nn.conv2d" not in ops, ops
+    x = np.random.default_rng(1).uniform(-2, 2, (n, c, h, w)).astype("float16")
+    ref, got = _run_llvm(mod, x), _run_llvm(new, x)
+    assert got.shape == ref.shape
+    assert np.count_nonzero(ref) > ref.size // 4  # a real signal through the ReLU
+    # Same fp16 products accumulated in fp32, in another order: fp32 rounding only.
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_fp16_accumulation_within_fp16_tolerance():
+    mod = _conv_module(2, 7, 10, 10, 12, 3, 1, 1, out_dtype="float16")
+    new = conv_to_gemm(mod)
+    x = np.random.default_rng(2).uniform(-1, 1, (2, 7, 10, 10)).astype("float16")
+    ref, got = _run_llvm(mod, x), _run_llvm(new, x)
+    np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
+def test_grouped_and_fp32_convs_are_left_alone():
+    dw = _conv_module(1, 8, 9, 9, 8, 3, 1, 1, groups=8)
+    assert count_gemm_convs(dw) == 0 and conv_to_gemm(dw).same_as(dw)
+    fp32 = _conv_module(1, 4, 9, 9, 6, 3, 1, 1, dtype="float32")
+    assert count_gemm_convs(fp32) == 0 and conv_to_gemm(fp32).same_as(fp32)
+
+
+# --------------------------------------------------------------------------- (b) sm_90 codegen
+def _resnet_like_model():
+    from amp_cli.models import GraphBuilder
+
+    b = GraphBuilder(0)
+    x = b.conv_bn_relu("input", 3, 64, k=7, stride=2)                  # stem: K=147, N=64
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    y = b.conv_bn_relu(x, 64, 64, k=1)                                 # K=64, N=64
+    y = b.conv_bn_relu(y, 64, 64, k=3)                                 # im2col K=576
+    y = b.conv_bn_relu(y, 64, 256, k=1, relu=False)
+    sc = b.conv_bn_relu(x, 64, 256, k=1, relu=False)
+    x = b.op("Relu", [b.op("Add", [sc, y])])
+    y = b.conv_bn_relu(x, 256, 96, k=1)
+    y = b.conv_bn_relu(y, 96, 100, k=3, stride=2)                      # odd N, stride 2
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    return b.model([("input", [2, 3, 64, 64], "float32")], [(x, [2, 100], "float32")])
+
+
+def _kernels(src: str) -> dict[str, bool]:
+    out = {}
+    for chunk in src.split("__global__")[1:]:
+        m = re.search(r"void (?:__launch_bounds__\(\d+\) )?(\w+)\(", chunk)
+        if m and "{" in chunk.split(";", 1)[0]:  # a definition, not the forward declaration
+            out[m.group(1)] = "wmma::" in chunk or "mma_sync" in chunk
+    return out
+
+
+@pytest.fixture(scope="module")
+def resnet_like(tmp_path_factory):
+    from amp_cli import load
+
+    import onnx
+
+    path = tmp_path_factory.mktemp("cg") / "resnet_like.onnx"
+    onnx.save(_resnet_like_model(), str(path))
+    return load(str(path))
+
+
+def _build_sm90(model, precision, **pipeline_kw):
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.precision import convert_precision
+    from amp_cli.schedule.cuda import cuda_relax_pipeline
+
+    mod, _ = convert_precision(model.mod, PrecisionConfig(precision=precision))
+    tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with tgt:
+        lowered = cuda_relax_pipeline(tgt, **pipeline_kw)(mod)
+    ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
+                                  tir_pipeline=cuda_tir_pipeline(tgt, []))
+    return lowered, _kernels(tvm_compat.cuda_source(ex))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_conv_gemms_get_tensor_cores_on_sm90(resnet_like, precision):
+    lowered, kernels = _build_sm90(resnet_like, precision)
+    gemms = {k: tc for k, tc in kernels.items() if "conv_gemm" in k}
+    assert len(gemms) >= 7, kernels  # every conv became a GEMM kernel (some share one)
+    assert all(gemms.values()), {k: tc for k, tc in gemms.items() if not tc}
+    assert not any("conv2d" in k for k in kernels), kernels
+    # CUDA graphs are on by default: the static middle of the model is lifted for capture.
+    names = {gv.name_hint for gv in lowered.get_global_vars()}
+    assert any(n.endswith("cuda_graph_capture") for n in names), sorted(names)
+
+
+def test_toggles_off_give_stock_lowering(resnet_like):
+    lowered, kernels = _build_sm90(resnet_like, "fp16", conv_as_gemm=False, cuda_graph=False)
+    assert not any("conv_gemm" in k for k in kernels)
+    assert any("conv2d" in k for k in kernels)
+    assert not any("cuda_graph" in gv.name_hint for gv in lowered.get_global_vars())
