@@ -295,7 +295,7 @@ def summary_line(report: dict, out) -> str:
         parts.append(f"  cuda {report['target'].get('arch')}: {b['tensor_core_kernels']} "
                      f"tensor-core kernels, {len(b['legalized'])} kernels lane-legalized")
     if a:
-        w = a["worst"]
+        w = {k: float(v) for k, v in a["worst"].items()}  # the report has inf/nan as strings
         parts.append(f"  accuracy on {a['device']} vs fp32 reference: rel L2 {w['rel_l2']:.3g}, "
                      f"max abs {w['max_abs']:.3g}, cosine {w['cosine']:.6f}, non-finite "
                      f"{w['nonfinite_share']:.3g}"

@@ -32,8 +32,6 @@ from typing import Any, Callable
 from .errors import AmpError, BuildError
 
 _PROGRESS_ENV = "AMP_SANDBOX_PROGRESS"
-
-
 _CRASH_ENV = "AMP_TEST_CRASH"
 
 
@@ -70,17 +68,48 @@ def _maybe_crash(name: str) -> None:
     os.kill(os.getpid(), getattr(signal, how or "SIGSEGV"))
 
 
-def _die_with_parent() -> None:
+def _note_scheduled_kernels() -> None:
+    """In the child: note each kernel dlight schedules, so that a crash or an error while
+    scheduling names the kernel. Best effort: wraps tvm.s_tir.dlight's (0.27) per-function
+    ``_apply_rules``; another TVM layout only loses the kernel names."""
+    if "tvm" not in sys.modules:
+        return
+    try:
+        from tvm.s_tir.dlight.base import transform as dl_transform
+    except Exception:  # noqa: BLE001 - another TVM version
+        return
+    original = getattr(dl_transform, "_apply_rules", None)
+    if original is None or getattr(original, "amp_notes_kernels", False):
+        return
+
+    def apply_rules(func, *args, **kwargs):
+        try:  # the caller loops `for g_var, func in mod.functions_items()`
+            name = getattr(sys._getframe(1).f_locals.get("g_var"), "name_hint", None)
+        except Exception:  # noqa: BLE001
+            name = None
+        if name:
+            note_kernel(str(name))
+        return original(func, *args, **kwargs)
+
+    apply_rules.amp_notes_kernels = True
+    dl_transform._apply_rules = apply_rules
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this child when the thread that forked it exits (run_isolated is called from
+    the main thread), so a SIGKILLed CLI leaves no compiler running."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's finally still kills us
-        pass
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
-def _child(fn, args, kwargs, conn, progress, crash_log):
-    _die_with_parent()
+def _child(fn, args, kwargs, conn, progress, crash_log, parent_pid):
+    _die_with_parent(parent_pid)
     os.environ[_PROGRESS_ENV] = progress
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
@@ -99,12 +128,14 @@ def _child(fn, args, kwargs, conn, progress, crash_log):
     faulthandler.disable()
     faulthandler.enable(file=2, all_threads=False)  # fd 2: sys.stderr may be no real file
     try:
+        _note_scheduled_kernels()
         result = fn(*args, **kwargs)
         conn.send(("ok", pickle.dumps(result)))
     except AmpError as exc:
         conn.send(("amp", pickle.dumps(exc)))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                   _raised_at(exc.__traceback__)))
     finally:
         conn.close()
 
@@ -125,8 +156,8 @@ def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs
         for path in (progress, crash_log):
             open(path, "w").close()
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(fn, args, kwargs, child, progress, crash_log),
-                           daemon=True)
+        proc = ctx.Process(target=_child, daemon=True,
+                           args=(fn, args, kwargs, child, progress, crash_log, os.getpid()))
         proc.start()
         child.close()
         msg = None
@@ -161,9 +192,13 @@ def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs
             raise exc
         first = msg[1].strip().splitlines()
         line = first[-1] if first else "unknown error"
+        if line.endswith(":"):  # an empty message (a bare assert): say where it was raised
+            line = f"{line[:-1]} at {msg[3]}"
         kind, name = _read_progress(progress)
-        err = BuildError(f"stage '{stage}' failed: {line[:400]}", stage=stage,
-                         kernel=name if kind == "kernel" else None)
+        kernel = name if kind == "kernel" else None
+        err = BuildError(f"stage '{stage}' failed"
+                         + (f" on kernel '{kernel}'" if kernel else "")
+                         + f": {line[:400]}", stage=stage, kernel=kernel)
         err.child_traceback = "\n".join(t for t in (_read(crash_log), msg[2]) if t)
         raise err
     finally:
@@ -174,6 +209,15 @@ def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs
             parent.close()
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _raised_at(tb) -> str:
+    frames = traceback.extract_tb(tb)
+    if not frames:
+        return "unknown location"
+    f = frames[-1]
+    path = f.filename.split("site-packages/")[-1]
+    return f"{path}:{f.lineno}" + (f" ({f.line.strip()[:120]})" if f.line else "")
 
 
 def _read_progress(path: str) -> tuple[str, str]:

@@ -381,6 +381,17 @@ def test_crash_in_build_is_one_line(cli, tiny_onnx, tmp_path, clean_tmp, monkeyp
     assert amp_temp_files(clean_tmp) == []  # staging and sandbox files removed
 
 
+def test_crash_while_scheduling_names_the_kernel(cli, tiny_onnx, tmp_path, clean_tmp,
+                                                 monkeypatch):
+    monkeypatch.setenv("AMP_TEST_CRASH", "softmax*")  # tiny_cnn's last kernel
+    out = tmp_path / "out"
+    assert_error(cli("convert", tiny_onnx, "-o", out, "--target", "cuda:sm_90", *SHAPE), 1,
+                 "stage 'build cuda sm_90'", "crashed with SIGSEGV while compiling kernel "
+                 "'softmax")
+    assert_no_debris(out)
+    assert amp_temp_files(clean_tmp) == []
+
+
 def test_crash_names_the_kernel(clean_tmp, monkeypatch):
     """Work that notes the kernel it is on (tuning measures kernel by kernel) gets it named."""
     from amp_cli.errors import BuildError
@@ -497,3 +508,53 @@ def test_sandbox_child_dies_with_its_parent(tmp_path, clean_tmp):
     proc.kill()
     proc.wait()
     assert _gone(child)
+
+
+@pytest.mark.slow  # ~1.5 min on 2 loaded cores: MetaSchedule's builder and runner start-up
+def test_crash_while_tuning_keeps_records(tiny_onnx, tmp_path, clean_tmp):
+    """A crash in the sandboxed tuning child (here: on purpose, from the progress callback,
+    which runs in the child after a measured batch was recorded) is one TuneError, and the
+    records written before it survive, readable."""
+    import json
+
+    tune_mod = pytest.importorskip("amp_cli.tune")
+    import amp_cli
+    from amp_cli.errors import AmpError
+
+    model = amp_cli.load(tiny_onnx, input_shapes={"input": [1, 3, 32, 32]})
+    db = tmp_path / "db"
+
+    def crash_after_first_batch(p):
+        if p.phase == "tune" and p.trials_done > 0:
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+    tcfg = tune_mod.TuneConfig(db_dir=str(db), trials=4, trials_per_iter=2, workers=1,
+                               strategy="replay-trace", cost_model="random",
+                               measure_default=False, repeat=1, min_repeat_ms=1, seed=0)
+    with pytest.raises(AmpError) as e:
+        tune_mod.tune(model, amp_cli.ConvertConfig(target="llvm"), tcfg,
+                      progress=crash_after_first_batch)
+    msg = str(e.value)
+    assert "stage 'tune llvm" in msg and "crashed with SIGSEGV" in msg, msg
+    assert str(db) in msg and "\n" not in msg
+    lines = (db / tune_mod.RECORD_FILE).read_text().splitlines()
+    assert lines and all(json.loads(ln) for ln in lines)
+    tune_mod.open_database(db)  # still a valid database
+    # amp-cand-*: candidate libraries of the killed run (tune.py's builder workers); reported
+    assert [f for f in amp_temp_files(clean_tmp) if not f.startswith("amp-cand-")] == []
+
+
+def test_summary_with_non_finite_accuracy(cli, tmp_path):
+    """Regression (found by tests/test_fuzz.py): an output that overflows (here in the fp32
+    reference too) made the CLI's summary line crash on the report's 'inf' strings."""
+    g = helper.make_graph(
+        [helper.make_node("Exp", ["x"], ["e1"]), helper.make_node("Exp", ["e1"], ["e2"]),
+         helper.make_node("Exp", ["e2"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 11])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 11])])
+    path = tmp_path / "exp3.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    out = tmp_path / "out"
+    res = cli("convert", path, "-o", out, "--target", "llvm")
+    assert res.exit_code == 0, res.output
+    assert "rel L2 inf" in res.stdout and (out / "report.json").is_file()
