@@ -19,6 +19,7 @@ import numpy as np
 
 from . import tvm_compat
 from .errors import InputError, ModelLoadError, UnsupportedOpError
+from .sandbox import error_line
 
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64",
                9: "bool", 10: "float16", 11: "float64", 16: "bfloat16"}
@@ -195,7 +196,7 @@ def _load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
     except Exception as exc:  # noqa: BLE001 - the importer raises anything
         node = current.get("node")
         where = f" at node '{node}' ({current.get('op')})" if node else ""
-        msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        msg = error_line(str(exc)) if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{path}: TVM's ONNX importer failed{where}: {msg[:300]}") from exc
     outputs = [o.name for o in model.graph.output]
     return LoadedModel(str(path), "onnx", mod, specs, outputs, node_types, onnx_model=model,
@@ -302,7 +303,7 @@ def _import_exported(ep, specs, source, reference) -> LoadedModel:
         with contextlib.redirect_stdout(io.StringIO()):
             mod = tvm_compat.from_exported_program(ep)
     except Exception as exc:  # noqa: BLE001
-        msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        msg = error_line(str(exc)) if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{source}: TVM's torch importer failed: {msg[:300]}") from exc
     node_types = {n.name: str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     outputs = [f"output{i}" for i, _ in enumerate(ep.graph_signature.output_specs)]

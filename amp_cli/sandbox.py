@@ -22,6 +22,7 @@ import fnmatch
 import multiprocessing as mp
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
@@ -190,8 +191,7 @@ def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs
             exc = pickle.loads(msg[1])
             exc.child_traceback = _read(crash_log) or None
             raise exc
-        first = msg[1].strip().splitlines()
-        line = first[-1] if first else "unknown error"
+        line = error_line(msg[1])
         if line.endswith(":"):  # an empty message (a bare assert): say where it was raised
             line = f"{line[:-1]} at {msg[3]}"
         kind, name = _read_progress(progress)
@@ -209,6 +209,21 @@ def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs
             parent.close()
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+_ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt|Exit): ")
+
+
+def error_line(text: str) -> str:
+    """The line of an exception's text that says what went wrong: the last 'SomeError: ...'
+    line (TVM errors carry a C++ backtrace before it and sometimes a TIR dump after it), else
+    the last line that is not a source-caret marker."""
+    lines = [ln.strip() for ln in text.strip().splitlines()]
+    named = [ln for ln in lines if _ERROR_LINE.match(ln)]
+    if named:
+        return named[-1]
+    plain = [ln for ln in lines if ln and set(ln) - set("^~ ")]
+    return plain[-1] if plain else "unknown error"
 
 
 def _raised_at(tb) -> str:

@@ -558,3 +558,14 @@ def test_summary_with_non_finite_accuracy(cli, tmp_path):
     res = cli("convert", path, "-o", out, "--target", "llvm")
     assert res.exit_code == 0, res.output
     assert "rel L2 inf" in res.stdout and (out / "report.json").is_file()
+
+
+def test_error_line_picks_the_message_not_the_dump():
+    from amp_cli.sandbox import error_line
+
+    tvm_like = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+                "ValueError: Check failed: a == b : cross-thread reduction needs ...\n"
+                "    for i in range(3):\n    ^^^^^^^^^^^^^^^^^^\n")
+    assert error_line(tvm_like).startswith("ValueError: Check failed: a == b")
+    assert error_line("something odd\n   ^^^^\n") == "something odd"
+    assert error_line("") == "unknown error"

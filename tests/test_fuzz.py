@@ -183,7 +183,11 @@ def _model(b: GraphBuilder, inputs, out: str, name: str):
 def describe(proto) -> str:
     """'Relu(x0) -> Exp -> Add(., x1)' style summary of a graph, for failure messages."""
     ins = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in proto.graph.input}
-    return f"inputs {ins}; ops " + " -> ".join(n.op_type for n in proto.graph.node)
+    def attrs(n):
+        a = {x.name: (list(x.ints) if x.ints else x.i) for x in n.attribute if x.name != "value"}
+        return f"{n.op_type}{a}" if a else n.op_type
+
+    return f"inputs {ins}; ops " + " -> ".join(attrs(n) for n in proto.graph.node)
 
 
 SEEN: list = []  # (family, outcome) per example, printed at the end
@@ -213,6 +217,8 @@ def _convert(model, target, **kw):
     except AmpError as exc:
         msg = str(exc)
         assert msg and "\n" not in msg
+        if os.environ.get("AMP_FUZZ_VERBOSE"):  # the child's traceback, to debug a failure
+            print(f"\n--- {target}: {msg}\n{(getattr(exc, 'child_traceback', '') or '')[-4000:]}")
         return None, exc
 
 
@@ -260,4 +266,4 @@ def test_random_graph_converts_or_fails_clearly(family, data, tmp_path_factory):
         cuda.cleanup()
     else:
         outcomes.append(f"cuda error: {err}")
-    SEEN.append((family, "; ".join(outcomes) or "ok"))
+    SEEN.append((family, "; ".join(outcomes) + f" [{describe(proto)}]" if outcomes else "ok"))
