@@ -474,10 +474,15 @@ def _sched_reduction(sch, block, hw: _HW) -> None:
         if outer:
             f = sch.fuse(*outer) if len(outer) > 1 else outer[0]
             _maybe_parallel(sch, f, out_work, hw)
+        bf16_init = bool(r_loops) and _is_bf16_constant_store(blk.init)
         sch.vectorize(si)
         if r_loops:
             init = sch.decompose_reduction(block, r_loops[0][0])
-            _vectorize_innermost(sch, init)
+            if bf16_init:
+                # the init loop inherited si's vectorized kind; a split makes serial loops
+                sch.split(sch.get_loops(init)[-1], [None, 1])
+            else:
+                _vectorize_innermost(sch, init)
         return
     # reduction along the contiguous axis: parallel rows, scalar (order-preserving) reduce
     outer = [lp for lp, _ in s_loops]
@@ -487,9 +492,23 @@ def _sched_reduction(sch, block, hw: _HW) -> None:
         _maybe_parallel(sch, f, out_work, hw)
 
 
+def _is_bf16_constant_store(stmt) -> bool:
+    """``stmt`` stores a bfloat16 constant (e.g. max-pool's -inf init). TVM 0.27's
+    BF16StorageLegalize does not rewrite a vector Broadcast of a bf16 constant (the build
+    fails with "buffer's dtype is T.uint16 ... RHS's dtype is T.bfloat16x32"), so such
+    stores stay scalar loops (LLVM still vectorizes the fill)."""
+    tvm = tvm_compat.tvm()
+    return (isinstance(stmt, tvm.tirx.BufferStore) and str(stmt.buffer.dtype) == "bfloat16"
+            and isinstance(stmt.value, tvm.tirx.FloatImm))
+
+
+def _stores_bf16_constant(sch, block) -> bool:
+    return _is_bf16_constant_store(sch.get(block).body)
+
+
 def _vectorize_innermost(sch, block) -> None:
     loops = sch.get_loops(block)
-    if loops:
+    if loops and not _stores_bf16_constant(sch, block):
         try:
             sch.vectorize(loops[-1])
         except Exception:  # noqa: BLE001
