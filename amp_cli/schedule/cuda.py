@@ -19,16 +19,42 @@ from .. import tvm_compat
 CUDA_GRAPH_CONFIG = "relax.backend.use_cuda_graph"
 
 
+def _fallible(rule):
+    """dlight applies rules in order and stops at the first that returns a schedule, but a rule
+    that *raises* on a kernel it mis-matched (GEMV's assert on a 1-channel conv GEMM, Reduction's
+    rfactor on a reduce-to-scalar: found by tests/test_fuzz.py) aborts the whole build. Wrapped,
+    such a rule counts as not applicable and the next one gets the kernel. Rules schedule a fresh
+    copy of the PrimFunc, so a failed attempt leaves nothing behind."""
+    dl = tvm_compat.dlight()
+
+    class Fallible(dl.ScheduleRule):
+        def __init__(self):
+            self.rule = rule
+            self.failures = 0
+
+        def apply(self, func, target, tunable):
+            try:
+                return self.rule.apply(func, target, tunable)
+            except Exception:  # noqa: BLE001 - any rule bug means "not this rule"
+                self.failures += 1
+                return None
+
+        def __repr__(self):
+            return f"Fallible({type(self.rule).__name__})"
+
+    return Fallible()
+
+
 def cuda_schedule_passes(target) -> list:
     from .tensorcore import AmpMatmul
 
     dl = tvm_compat.dlight()
     return [dl.ApplyDefaultSchedule(
-        AmpMatmul(),
-        dl.gpu.GEMV(),
-        dl.gpu.Reduction(),
-        dl.gpu.GeneralReduction(),
-        dl.gpu.Fallback(),
+        _fallible(AmpMatmul()),
+        _fallible(dl.gpu.GEMV()),
+        _fallible(dl.gpu.Reduction()),
+        _fallible(dl.gpu.GeneralReduction()),
+        dl.gpu.Fallback(),  # last resort: its errors are real errors
     )]
 
 
