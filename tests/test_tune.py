@@ -1,0 +1,240 @@
+"""amp tune: records written, kill -9 + resume, convert with the records, RPC tracker runs.
+
+Everything runs on the llvm target with a tiny MatMul+Add+Relu model (3 kernels after the fp16
+conversion) and a handful of trials.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from amp_cli.cli import main
+from amp_cli.tune import RECORD_FILE, SUMMARY_FILE, WORKLOAD_FILE, parse_duration, \
+    repair_database
+
+FAST = ["--target", "llvm", "--trials-per-iter", "3", "--workers", "2", "--cost-model",
+        "random", "--seed", "0"]
+
+
+def _tiny_onnx(path: Path, n=32, k=48, m=40) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((k, m)) * 0.1).astype("float32"), "w")
+    b = numpy_helper.from_array((rng.standard_normal(m) * 0.1).astype("float32"), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+             helper.make_node("Add", ["y", "b"], ["z"], name="add"),
+             helper.make_node("Relu", ["z"], ["out"], name="relu")]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                        [n, k])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [n, m])],
+                          [w, b])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    # MetaSchedule's TuneContext imports the tensor intrinsics (~30 s of CPU); importing them here
+    # once lets every forked tuning child of this test process skip that.
+    import tvm.s_tir.tensor_intrin  # noqa: F401
+
+    return _tiny_onnx(tmp_path_factory.mktemp("tune") / "tiny.onnx")
+
+
+def _valid_lines(path: Path) -> int:
+    n = 0
+    for line in path.read_text().splitlines():
+        if line.strip():
+            json.loads(line)  # must parse
+            n += 1
+    return n
+
+
+def _run(args):
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+def test_parse_duration_and_help():
+    assert parse_duration("30m") == 1800
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90s") == 90
+    assert parse_duration("45") == 45
+    res = CliRunner().invoke(main, ["tune", "--help"])
+    assert res.exit_code == 0
+    for word in ("ansor", "autotvm", "ReplayTrace", "EvolutionarySearch", "--rpc-tracker",
+                 "--time-budget"):
+        assert word in res.output
+
+
+def test_repair_drops_truncated_last_line(tmp_path):
+    (tmp_path / WORKLOAD_FILE).write_text('["1","abc"]\n')
+    (tmp_path / RECORD_FILE).write_text('[0,[[],[],[1e-6]]]\n[0,[[],[],[2e-6]]]\n[0,[[["Get')
+    notes = repair_database(tmp_path)
+    assert notes and "dropped 1" in notes[0]
+    assert _valid_lines(tmp_path / RECORD_FILE) == 2
+    assert (tmp_path / RECORD_FILE).read_text().endswith("\n")
+
+
+def test_tune_writes_records_and_convert_uses_them(tiny, tmp_path):
+    db = tmp_path / "db"
+    res = _run(["tune", str(tiny), "--db", str(db), "--trials", "6", *FAST])
+    assert res.exit_code == 0, res.output
+    assert "records in all" in res.output
+    n = _valid_lines(db / RECORD_FILE)
+    assert n >= 6
+    summary = json.loads((db / SUMMARY_FILE).read_text())
+    assert summary["records"] == n and len(summary["tasks"]) == 3
+    assert all(t["default_us"] for t in summary["tasks"])  # amp's default schedule was timed
+
+    # rerun with the budget spent: nothing is measured again
+    res = _run(["tune", str(tiny), "--db", str(db), "--trials", "6", *FAST])
+    assert res.exit_code == 0, res.output
+    assert "already tuned" in res.output
+    assert _valid_lines(db / RECORD_FILE) == n
+
+    # convert with the records: the report says per kernel tuned/default
+    out = tmp_path / "out"
+    res = _run(["convert", str(tiny), "-o", str(out), "--target", "llvm", "--tuning-db",
+                str(db), "--no-accuracy"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    sched = report["build"]["schedule"]
+    assert sched["tuned"] + sched["default"] == 3
+    assert sched["tuned"] >= 1, sched  # the matmul's tuned record beats amp's default
+    assert {k["schedule"] for k in sched["kernels"]} <= {"tuned", "default"}
+    assert "tuned" in (out / "report.md").read_text()
+
+    base = tmp_path / "base"
+    res = _run(["convert", str(tiny), "-o", str(base), "--target", "llvm", "--no-accuracy"])
+    assert res.exit_code == 0, res.output
+    t_tuned, t_default = _latency(out / "model.so"), _latency(base / "model.so")
+    ratio = t_tuned / t_default
+    print(f"\ntuned {t_tuned * 1e6:.1f} us vs default {t_default * 1e6:.1f} us: "
+          f"ratio tuned/default {ratio:.3f}")
+    assert ratio < 2.0  # generous: 2 shared cores make timing noisy
+
+
+def _latency(lib: Path) -> float:
+    import tvm
+    from tvm import relax
+
+    dev = tvm.cpu(0)
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
+    x = tvm.runtime.tensor(np.random.default_rng(0).standard_normal((32, 48)).astype("float32"),
+                           dev)
+    f = vm.time_evaluator("main", dev, number=50, repeat=15, min_repeat_ms=20)
+    return float(np.median(f(x).results))
+
+
+# ---------------------------------------------------------------------------------------------
+def test_kill9_then_resume(tiny, tmp_path):
+    db = tmp_path / "db"
+    cmd = [sys.executable, "-m", "amp_cli", "tune", str(tiny), "--db", str(db), "--trials",
+           "200", "--trials-per-iter", "2", "--workers", "2", "--cost-model", "random",
+           "--target", "llvm", "--seed", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    records = db / RECORD_FILE
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if records.exists() and records.read_text().count("\n") >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert records.exists(), "no record written within 300 s"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole run: CLI, sandbox child, workers
+        proc.wait()
+    # as if the kill hit in the middle of a write
+    with open(records, "a") as f:
+        f.write('[0,[[["GetSBlock",[],["ro')
+    before = records.read_text().count("\n")
+    assert before >= 3
+    res = _run(["tune", str(tiny), "--db", str(db), "--trials", str(before + 3), *FAST])
+    assert res.exit_code == 0, res.output
+    after = _valid_lines(records)  # every line parses: the torn one is gone
+    assert after >= before + 1, (before, after)
+    summary = json.loads((db / SUMMARY_FILE).read_text())
+    assert summary["records"] == after
+    run = summary["runs"][-1]
+    print(f"\nkilled run left {before} records; the rerun measured {run['trials']} more, "
+          f"skipped {run['skipped_measured']} already-measured candidates")
+
+
+# ---------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rpc_tracker_serves_tuning(tiny, tmp_path):
+    from tvm import rpc
+
+    port = _free_port()
+    key = "amp-test-cpu"
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host",
+                                "127.0.0.1", "--port", str(port), "--port-end",
+                                str(port + 1)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    server = None
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                rpc.connect_tracker("127.0.0.1", port).summary()
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert time.time() < deadline, "RPC tracker did not start"
+                time.sleep(0.5)
+        sport = _free_port()
+        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--host",
+                                   "127.0.0.1", "--port", str(sport), "--port-end",
+                                   str(sport + 20), "--tracker",
+                                   f"127.0.0.1:{port}", "--key", key],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        while True:
+            assert server.poll() is None, "RPC server exited"
+            queue = rpc.connect_tracker("127.0.0.1", port).summary().get("queue_info", {})
+            if queue.get(key, {}).get("free", 0) >= 1:
+                break
+            assert time.time() < deadline + 60, "RPC server did not register"
+            time.sleep(0.5)
+        db = tmp_path / "db"
+        res = _run(["tune", str(tiny), "--db", str(db), "--trials", "3", *FAST,
+                    "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", key])
+        assert res.exit_code == 0, res.output
+        summary = json.loads((db / SUMMARY_FILE).read_text())
+        assert summary["records"] >= 3
+        assert any(t["valid_records"] for t in summary["tasks"])  # measured over RPC
+    finally:
+        for p in (server, tracker):
+            if p is not None:
+                os.killpg(p.pid, signal.SIGKILL)  # with the server's session workers
+                p.wait()
+
+
+def test_rpc_tracker_unreachable_is_one_line_error(tiny, tmp_path):
+    res = _run(["tune", str(tiny), "--db", str(tmp_path / "db"), "--trials", "2", *FAST,
+                "--rpc-tracker", f"127.0.0.1:{_free_port()}", "--rpc-key", "nobody"])
+    assert res.exit_code == 1
+    assert "amp: error:" in res.output and "RPC tracker" in res.output
