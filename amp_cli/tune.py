@@ -110,6 +110,7 @@ class TaskResult:
     default_us: float | None = None  # amp's default schedule, same runner
     failed_builds: int = 0  # this run
     failed_runs: int = 0  # this run
+    errors: list[str] = field(default_factory=list)  # first distinct build/run errors, this run
 
     @property
     def speedup(self) -> float | None:
@@ -917,11 +918,13 @@ def _progress_callback():
                 if b.error_msg:
                     c["failed_builds"] += 1
                     task.failed_builds += 1
+                    _note_error(task, "build: " + _last_line(b.error_msg))
                     continue
                 secs = [float(s) for s in (r.run_secs or [])]
                 if r.error_msg or not secs or max(secs) >= FAILED_SECS:
                     c["failed_runs"] += 1
                     task.failed_runs += 1
+                    _note_error(task, "run: " + _last_line(r.error_msg or "no timing"))
                     continue
                 task.valid_records += 1
                 us = sum(secs) / len(secs) * 1e6
@@ -940,6 +943,11 @@ def _progress_callback():
 
     _CLASSES["callback"] = ProgressCallback
     return ProgressCallback
+
+
+def _note_error(task: TaskResult, text: str, keep: int = 3) -> None:
+    if text not in task.errors and len(task.errors) < keep:
+        task.errors.append(text)
 
 
 def _shash(obj) -> int:
