@@ -582,7 +582,7 @@ def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -
     budget = max(0, tune_cfg.trials - records_before)
     stopped = "budget"
     counters = {"trials": 0, "skipped": 0, "failed_builds": 0, "failed_runs": 0,
-                "exhausted": 0, "time": False}
+                "exhausted": 0, "time": False, "cost_model_errors": 0}
     if budget == 0:
         stopped = "already tuned"
         notes.append(f"{db_dir} already holds {records_before} records for this model "
@@ -608,6 +608,8 @@ def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -
         cost_model = ms.cost_model.CostModel.create(cost_kind, num_tuning_cores=workers,
                                                     tree_method="auto") \
             if cost_kind == "xgb" else ms.cost_model.CostModel.create(cost_kind)
+        if cost_kind == "mlp":
+            cost_model = _guarded_cost_model()(cost_model, counters)
         scheduler = ms.task_scheduler.TaskScheduler.create(
             "gradient", seed=tune_cfg.seed if tune_cfg.seed is not None else -1)
         report(TuneProgress("tune", 0, len(tasks), 0, budget,
@@ -626,6 +628,9 @@ def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -
             stopped = "time budget"
         elif counters["trials"] < budget:
             stopped = "search space exhausted"
+    if counters["cost_model_errors"]:
+        notes.append(f"the {cost_kind} cost model failed {counters['cost_model_errors']} "
+                     f"time(s); those rounds ranked candidates at random")
     _count_records(db, tasks)
     seconds = time.perf_counter() - start
     run = {"started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -893,6 +898,49 @@ def _resumable_strategy():
 
     _CLASSES["strategy"] = ResumableSearch
     return ResumableSearch
+
+
+def _guarded_cost_model():
+    """MetaSchedule's MLP cost model raises on a batch of one measured candidate (an IndexError
+    in its ranking loss); an error in it must not end the run. Batches of one are not learned
+    from, and a failing update or prediction falls back to random scores for that call."""
+    if "cost" in _CLASSES:
+        return _CLASSES["cost"]
+    import numpy as np
+
+    ms = tvm_compat.meta_schedule()
+    from tvm.ir.utils import derived_object  # noqa: PLC0415 - version-bound
+
+    @derived_object
+    class GuardedCostModel(ms.cost_model.PyCostModel):
+        def __init__(self, inner, counters):
+            super().__init__()
+            self.inner, self.counters = inner, counters
+            self.rng = np.random.default_rng(0)
+
+        def load(self, path):
+            self.inner.load(path)
+
+        def save(self, path):
+            self.inner.save(path)
+
+        def update(self, context, candidates, results):
+            if len(candidates) < 2:
+                return
+            try:
+                self.inner.update(context, candidates, results)
+            except Exception:  # noqa: BLE001 - see the class docstring
+                self.counters["cost_model_errors"] += 1
+
+        def predict(self, context, candidates):
+            try:
+                return np.asarray(self.inner.predict(context, candidates), dtype="float64")
+            except Exception:  # noqa: BLE001 - see the class docstring
+                self.counters["cost_model_errors"] += 1
+                return self.rng.random(len(candidates))
+
+    _CLASSES["cost"] = GuardedCostModel
+    return GuardedCostModel
 
 
 def _progress_callback():
