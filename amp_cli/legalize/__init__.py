@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .table import LEGAL_LANES, PIECE_WIDTHS, lane_legal
+from .table import LEGAL_LANES, PIECE_WIDTHS, lane_legal, lane_printable
 from .pipeline import LEGALIZER_PASS_NAME, cuda_tir_pipeline
 
-__all__ = ["LegalizeRecord", "lane_legal", "cuda_tir_pipeline", "lane_legalize_pass",
+__all__ = ["LegalizeRecord", "lane_legal", "lane_printable", "cuda_tir_pipeline", "lane_legalize_pass",
            "legalize_module", "LEGAL_LANES", "PIECE_WIDTHS"]
 
 

@@ -10,7 +10,7 @@ for every type the generator knows at all.
 from __future__ import annotations
 
 # dtype -> lane counts CodeGenCUDA prints. Comments: the CUDA type it prints / why not others.
-LEGAL_LANES: dict[str, frozenset[int]] = {
+PRINTABLE_LANES: dict[str, frozenset[int]] = {
     # half / half2 / half4 / uint3 / uint4; odd lanes -> "Check failed: lanes % 2 == 0",
     # > 8 -> "Cannot convert type T.float16x16 to CUDA type".
     "float16": frozenset({1, 2, 4, 6, 8}),
@@ -43,6 +43,26 @@ LEGAL_LANES: dict[str, frozenset[int]] = {
     "bool": frozenset({1, 2, 3, 4}),
 }
 
+# Printable but not compilable: these lane counts are printed as a container type (uint3 for 6
+# halves, ulonglong4 for 8 floats, int3 / longlong4 for 6 / 8 ints ...) whose broadcasts and
+# constants come out as `make_<container>(x, x, ...)` with one argument per *lane*; nvcc rejects
+# them with "too many arguments in function call". Found when the legalized lane matrix ran on
+# the H200 (NVRTC) and reproduced with nvcc 13 here (tests/test_legalize.py::test_nvcc_compiles).
+NVCC_REJECTS: dict[str, frozenset[int]] = {
+    "float16": frozenset({6}),
+    "bfloat16": frozenset({6}),
+    "float32": frozenset({6, 8}),
+    "int16": frozenset({6, 8}),
+    "uint16": frozenset({6, 8}),
+    "int32": frozenset({6, 8}),
+    "uint32": frozenset({6, 8}),
+}
+
+# What the legalizer keeps: printable and compilable.
+LEGAL_LANES: dict[str, frozenset[int]] = {
+    dtype: lanes - NVCC_REJECTS.get(dtype, frozenset())
+    for dtype, lanes in PRINTABLE_LANES.items()}
+
 # Widths the legalizer splits into, widest first. Powers of two only: they are the widths
 # whose vector loads/stores can be naturally aligned (a 6-lane half vector is legal to print
 # but is a 12-byte type; 7 lanes become 4+2+1, not 6+1).
@@ -62,8 +82,16 @@ def _norm(dtype) -> tuple[str, int]:
     return text, 1
 
 
+def lane_printable(dtype, lanes: int | None = None) -> bool:
+    """Whether stock CUDA codegen prints ``dtype`` with ``lanes`` lanes (without failing)."""
+    base, own = _norm(dtype)
+    legal = PRINTABLE_LANES.get(base)
+    lanes = own if lanes is None else lanes
+    return lanes == 1 if legal is None else lanes in legal
+
+
 def lane_legal(dtype, lanes: int | None = None) -> bool:
-    """Whether CUDA codegen can print ``dtype`` with ``lanes`` lanes.
+    """Whether CUDA codegen prints ``dtype`` with ``lanes`` lanes as code nvcc compiles.
 
     ``dtype`` is an element type name ("float16") plus ``lanes``, or a vector type name
     ("float16x3") with ``lanes`` omitted.
