@@ -143,13 +143,21 @@ def _child(fn, args, kwargs, conn, progress, crash_log, parent_pid):
 
 def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs) -> Any:
     """``fn(*args, **kwargs)`` in a forked child; returns its result or raises BuildError."""
-    from .tvm_compat import cuda_touched
+    from .tvm_compat import cuda_touched, has_cuda_device
 
-    # A forked child cannot use a CUDA context its parent created: once this process has run
-    # something on the GPU, later builds run in-process (uncontained).
-    if not isolate or os.environ.get("AMP_NO_SANDBOX") or cuda_touched():
+    if not isolate or os.environ.get("AMP_NO_SANDBOX"):
         return fn(*args, **kwargs)
-    ctx = mp.get_context("fork")
+    # On a machine with a GPU, `import tvm` initializes CUDA, and a forked child of a process
+    # that has initialized CUDA cannot use it (cudaErrorInitializationError, seen on the H200).
+    # There the child is a fresh interpreter (spawn) and the arguments are pickled (IRModules
+    # pickle through TVM's JSON); work that does not pickle runs in-process, uncontained.
+    method = "spawn" if (cuda_touched() or has_cuda_device()) else "fork"
+    if method == "spawn":
+        try:
+            pickle.dumps((fn, args, kwargs))
+        except Exception:  # noqa: BLE001 - closures, live TVM runtime objects
+            return fn(*args, **kwargs)
+    ctx = mp.get_context(method)
     work, proc, parent = None, None, None
     try:  # everything, temp files included, inside: an interrupt anywhere leaves nothing
         work = tempfile.mkdtemp(prefix="amp-sandbox-")
