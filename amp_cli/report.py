@@ -75,7 +75,8 @@ def build_report(model, cfg, target, prec, build, accuracy, notes, timings,
         "config": cfg.to_dict(),
         "target": target.spec,
         "versions": versions(),
-        "model": model.summary(),
+        # source_path: the absolute path, so `amp bench OUTDIR` finds the model from any cwd
+        "model": {**model.summary(), "source_path": _source_path(model.source)},
         "precision": prec.to_dict(),
         "build": {k: v for k, v in build.to_dict().items() if k != "library"},
         "accuracy": accuracy,
@@ -83,6 +84,11 @@ def build_report(model, cfg, target, prec, build, accuracy, notes, timings,
         "notes": list(notes),
         **extra,
     })
+
+
+def _source_path(source: str) -> str | None:
+    p = Path(source)
+    return str(p.resolve()) if p.is_file() else None
 
 
 def _fmt(v) -> str:

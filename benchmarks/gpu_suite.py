@@ -1,0 +1,446 @@
+"""The H200 benchmark suite: amp vs PyTorch on resnet50 (8x3x224x224) and bert-large (8x128).
+
+One invocation does everything, in this order, to fit in ~8 minutes:
+
+1. builds both models in code from seeded random weights (benchmarks/models.py): an ONNX graph
+   for amp and a hand-written torch nn.Module with the *same* weights for PyTorch;
+2. starts the TVM builds in parallel child processes (``amp convert`` for cuda:<arch>: fp32,
+   fp16 with default schedules, and fp16 with ``--tuning-db`` when one is given);
+3. meanwhile computes the fp32 reference (ONNX Runtime, CPU) and compiles the torch runners
+   (eager fp32 / fp16, torch.compile fp16 mode="default" and mode="reduce-overhead");
+4. when the builds are done, times every runner with the GPU idle otherwise (TVM
+   time_evaluator on the amp builds, CUDA events for torch), each after warm-up, on the same
+   inputs, and measures each against the fp32 reference; profiles amp fp16 per kernel;
+5. prints one table last and writes everything as JSON to --json (default
+   $OUT/gpu_suite.json, else ./gpu_suite.json).
+
+torch fp32 runs with TF32 off (strict fp32, like amp fp32); cudnn.benchmark is on.
+
+Usage (on the GPU machine, from the repo root):
+  python benchmarks/gpu_suite.py                       # both models, arch of the local GPU
+  python benchmarks/gpu_suite.py --layers 12           # a shorter bert (faster TVM build)
+  python benchmarks/gpu_suite.py --tuning-db tuning/   # adds "amp fp16 tuned"
+  python benchmarks/gpu_suite.py --build-only --arch sm_90   # compile times only, no GPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# The seed's measurements on the H200 (issue 5), for the goal lines.
+SEED = {"resnet50": {"torch.compile fp16": 1.95, "stock TVM fp32": 7.0},
+        "bert-large": {"torch.compile fp16": 9.0, "stock TVM fp32": 36.4}}
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,bert-large",
+                    help="comma-separated subset of resnet50,bert-large")
+    ap.add_argument("--layers", type=int, default=24, help="bert-large encoder layers")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--arch", default=None, help="CUDA arch (default: the local GPU's)")
+    ap.add_argument("--tuning-db", default=None, help="amp tuning records: adds amp fp16 tuned")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=100)
+    ap.add_argument("--number", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=4, help="parallel TVM builds")
+    ap.add_argument("--budget-s", type=float, default=540,
+                    help="wall-clock budget: builds still running then are killed and the "
+                         "remaining runners skipped, so the table and JSON always appear")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch runners")
+    ap.add_argument("--no-compile-modes", action="store_true",
+                    help="skip torch.compile (eager only)")
+    ap.add_argument("--ort", action="store_true",
+                    help="also time ONNX Runtime (CUDA provider if installed, else CPU)")
+    ap.add_argument("--no-profile", action="store_true", help="skip amp's per-kernel profile")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only build (no GPU needed): measures TVM compile times")
+    ap.add_argument("--workdir", default=None, help="keep ONNX files and builds here")
+    ap.add_argument("--json", default=None)
+    return ap.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def start_build(onnx_path: Path, outdir: Path, target: str, precision: str,
+                tuning_db: str | None) -> dict:
+    cmd = [sys.executable, "-m", "amp_cli", "convert", str(onnx_path), "-o", str(outdir),
+           "--target", target, "--precision", precision, "--no-accuracy", "--force"]
+    if tuning_db:
+        cmd += ["--tuning-db", tuning_db]
+    logf = open(outdir.parent / f"{outdir.name}.log", "w")
+    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=str(ROOT))
+    return {"cmd": cmd, "proc": proc, "log": logf, "start": time.perf_counter(),
+            "outdir": outdir}
+
+
+def run_builds(jobs: list[dict], max_parallel: int, deadline: float) -> None:
+    """jobs: dicts with onnx, outdir, target, precision, tuning_db; fills status/seconds."""
+    pending, running = list(jobs), []
+    while pending or running:
+        while pending and len(running) < max_parallel:
+            j = pending.pop(0)
+            j.update(start_build(j["onnx"], j["outdir"], j["target"], j["precision"],
+                                 j["tuning_db"]))
+            log(f"build started: {j['name']}")
+            running.append(j)
+        time.sleep(1.0)
+        for j in list(running):
+            rc = j["proc"].poll()
+            if rc is None and time.perf_counter() < deadline:
+                continue
+            if rc is None:
+                j["proc"].kill()
+                j["proc"].wait()
+                rc = "killed (over --budget-s)"
+            j["log"].close()
+            j["wall_s"] = time.perf_counter() - j["start"]
+            j["rc"] = rc
+            tail = Path(j["log"].name).read_text().strip().splitlines()[-3:]
+            j["status"] = "ok" if rc == 0 else f"failed ({rc}): {' | '.join(tail)[-300:]}"
+            rep = j["outdir"] / "report.json"
+            if rc == 0 and rep.is_file():
+                r = json.loads(rep.read_text())
+                j["build_s"] = r["build"]["seconds"]
+                j["kernels"] = len(r["build"]["kernels"])
+                j["tensor_core_kernels"] = r["build"].get("tensor_core_kernels")
+                j["convert_s"] = r.get("timings", {}).get("convert_s")
+            log(f"build done: {j['name']}: {j['status']} in {j['wall_s']:.0f}s wall")
+            running.remove(j)
+
+
+def reference_outputs(onnx_path: Path, feeds: dict):
+    import numpy as np
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in sess.run(None, feeds)]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import numpy as np
+    import onnx
+
+    from amp_cli import tvm_compat
+    from amp_cli.accuracy import random_inputs
+    from amp_cli.bench import (BenchConfig, LatencyStats, RunnerResult, _accuracy,
+                               bench_library, profile_library, time_cuda, torch_callable,
+                               torch_outputs)
+    from amp_cli.load import InputSpec
+    from amp_cli.report import versions
+    from benchmarks import models as bm
+
+    deadline = T0 + args.budget_s
+    out_env = os.environ.get("OUT")
+    json_path = Path(args.json or (Path(out_env) / "gpu_suite.json" if out_env
+                                   else "gpu_suite.json"))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="amp-gpu-suite-"))
+    work.mkdir(parents=True, exist_ok=True)
+    gpu = tvm_compat.has_cuda_device()
+    if not gpu and not args.build_only:
+        print("gpu_suite: no CUDA GPU visible to TVM; use --build-only to measure compile "
+              "times without one", file=sys.stderr)
+        return 1
+    arch = args.arch or ("sm_" + tvm_compat.cuda_device().compute_version.replace(".", "")
+                         if gpu else "sm_90")
+    target = f"cuda:{arch}"
+    cfg = BenchConfig(warmup=args.warmup, repeat=args.repeat, number=args.number)
+    wanted = [m.strip() for m in args.models.split(",") if m.strip()]
+    suite = [m for m in bm.gpu_suite(layers=args.layers, batch=args.batch)
+             if m.name.split("-")[0] in {w.split("-")[0] for w in wanted}]
+    result = {"suite": "gpu", "schema_version": 1, "target": target, "bench": cfg.to_dict(),
+              "args": vars(args), "versions": versions(), "machine": machine_info(),
+              "models": {}, "builds": [], "notes": []}
+
+    # 1. models -----------------------------------------------------------------------------
+    weights, feeds, specs = {}, {}, {}
+    for m in suite:
+        t = time.perf_counter()
+        w = m.make_weights()
+        path = work / f"{m.name}.onnx"
+        onnx.save(m.make_onnx(w), str(path))
+        weights[m.name] = w
+        specs[m.name] = [InputSpec(n, list(s), "int64" if n == "input_ids" else "float32")
+                         for n, s in m.input_shapes.items()]
+        feeds[m.name] = random_inputs(specs[m.name], seed=0)
+        result["models"][m.name] = {"description": m.description, "onnx": str(path),
+                                    "onnx_bytes": path.stat().st_size,
+                                    "inputs": [s.to_dict() for s in specs[m.name]],
+                                    "make_s": time.perf_counter() - t, "runners": []}
+        log(f"model {m.name}: {m.description}; ONNX {path.stat().st_size / 1e6:.0f} MB")
+
+    # 2. TVM builds in the background -----------------------------------------------------------
+    jobs = []
+    for m in suite:
+        variants = [("fp32", None, "amp fp32"), ("fp16", None, "amp fp16")]
+        if args.tuning_db:
+            variants.append(("fp16", args.tuning_db, "amp fp16 tuned"))
+        for prec, db, label in variants:
+            jobs.append({"model": m.name, "label": label, "name": f"{m.name} {label}",
+                         "onnx": work / f"{m.name}.onnx", "target": target, "precision": prec,
+                         "tuning_db": db,
+                         "outdir": work / f"{m.name}-{label.replace(' ', '-')}"})
+    # the longest builds first (bert fp16, then bert fp32, ...)
+    jobs.sort(key=lambda j: (not j["model"].startswith("bert"), j["precision"] != "fp16"))
+    import threading
+
+    builder = threading.Thread(target=run_builds, args=(jobs, args.jobs, deadline), daemon=True)
+    builder.start()
+
+    # 3. reference + torch preparation while TVM compiles ---------------------------------------
+    refs = {}
+    for m in suite:
+        try:
+            refs[m.name] = reference_outputs(work / f"{m.name}.onnx", feeds[m.name])
+            log(f"reference {m.name}: ONNX Runtime fp32 (CPU)")
+        except Exception as exc:  # noqa: BLE001
+            refs[m.name] = None
+            result["notes"].append(f"{m.name}: no ONNX Runtime reference ({exc})")
+    torch_runs = {}
+    if not args.build_only and not args.no_torch:
+        torch_runs = prepare_torch(suite, weights, feeds, specs, args, result, deadline)
+
+    builder.join()
+    result["builds"] = [{k: (str(v) if isinstance(v, Path) else v) for k, v in j.items()
+                         if k not in ("proc", "log", "onnx")} for j in jobs]
+    if args.build_only:
+        finish(result, json_path, build_only=True)
+        return 0
+
+    # 4. timing ------------------------------------------------------------------------------
+    for m in suite:
+        runners = []
+        feed, order = feeds[m.name], [s.name for s in specs[m.name]]
+        for j in [j for j in jobs if j["model"] == m.name]:
+            if j.get("rc") != 0:
+                runners.append(RunnerResult(j["label"], "amp", "cuda", j["precision"],
+                                            error=j.get("status")))
+                continue
+            if time.perf_counter() > deadline:
+                runners.append(RunnerResult(j["label"], "amp", "cuda", j["precision"],
+                                            skipped="over --budget-s"))
+                continue
+            try:
+                r = bench_library(j["label"], "amp", str(j["outdir"] / "model.so"), "cuda",
+                                  "float16" if j["precision"] == "fp16" else "float32", feed,
+                                  order, m.batch, cfg, refs[m.name], None)
+                r.build_seconds = j.get("build_s")
+                runners.append(r)
+                log(f"timed {m.name} {j['label']}: p50 {r.latency.p50_ms:.3f} ms")
+            except Exception as exc:  # noqa: BLE001
+                runners.append(RunnerResult(j["label"], "amp", "cuda", j["precision"],
+                                            error=f"{type(exc).__name__}: {exc}"[:300]))
+        for name, entry in torch_runs.get(m.name, {}).items():
+            res = RunnerResult(name, "torch", "cuda", entry["dtype"], timer="CUDA events")
+            res.build_seconds = entry.get("compile_s")
+            if entry.get("error"):
+                res.error = entry["error"]
+            elif time.perf_counter() > deadline:
+                res.skipped = "over --budget-s"
+            else:
+                try:
+                    res.accuracy = _accuracy(refs[m.name], entry["outputs"], None)
+                    res.latency = LatencyStats.from_seconds(time_cuda(entry["call"], cfg),
+                                                            m.batch, cfg.number)
+                    log(f"timed {m.name} {name}: p50 {res.latency.p50_ms:.3f} ms")
+                except Exception as exc:  # noqa: BLE001
+                    res.error = f"{type(exc).__name__}: {exc}"[:300]
+            runners.append(res)
+        if args.ort:
+            runners.append(time_ort(work / f"{m.name}.onnx", feed, m.batch, cfg, refs[m.name]))
+        result["models"][m.name]["runners"] = [r.to_dict() for r in runners]
+        fp16 = next((j for j in jobs if j["model"] == m.name and j["label"] == "amp fp16"
+                     and j.get("rc") == 0), None)
+        if fp16 and not args.no_profile and time.perf_counter() < deadline:
+            try:
+                result["models"][m.name]["amp_fp16_profile"] = profile_library(
+                    str(fp16["outdir"] / "model.so"), "cuda", feed, order, top=15)
+            except Exception as exc:  # noqa: BLE001
+                result["notes"].append(f"{m.name}: profile failed: {exc}")
+        torch_runs.pop(m.name, None)
+        _free_torch()
+    finish(result, json_path)
+    return 0
+
+
+def prepare_torch(suite, weights, feeds, specs, args, result, deadline) -> dict:
+    """Build the torch runners and make their first call (torch.compile compiles then)."""
+    from amp_cli.bench import torch_callable, torch_outputs
+
+    try:
+        import torch
+    except ImportError:
+        result["notes"].append("torch not installed: no PyTorch runners")
+        return {}
+    if not torch.cuda.is_available():
+        result["notes"].append("torch sees no CUDA device: no PyTorch runners")
+        return {}
+    torch.backends.cuda.matmul.allow_tf32 = False  # torch fp32 = strict fp32, like amp fp32
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    result["torch_settings"] = {"allow_tf32": False, "cudnn.benchmark": True,
+                                "torch": torch.__version__, "cuda": torch.version.cuda,
+                                "gpu": torch.cuda.get_device_name(0)}
+    modes = [("torch eager fp32", "float32", None), ("torch eager fp16", "float16", None)]
+    if not args.no_compile_modes:
+        modes += [("torch.compile fp16", "float16", "default"),
+                  ("torch.compile fp16 reduce-overhead", "float16", "reduce-overhead")]
+    runs: dict = {}
+    for m in suite:
+        module = m.make_torch(weights[m.name])
+        arrays = [feeds[m.name][s.name] for s in specs[m.name]]
+        runs[m.name] = {}
+        for name, dtype, mode in modes:
+            entry = {"dtype": dtype}
+            if time.perf_counter() > deadline:
+                entry["error"] = "over --budget-s before compiling"
+                runs[m.name][name] = entry
+                continue
+            t = time.perf_counter()
+            try:
+                call = torch_callable(module, arrays, dtype, "cuda", mode)
+                entry["outputs"] = torch_outputs(call())  # compiles for torch.compile
+                for _ in range(3 if mode else 1):  # reduce-overhead records its graph here
+                    call()
+                torch.cuda.synchronize()
+                entry["call"] = call
+            except Exception as exc:  # noqa: BLE001
+                entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            entry["compile_s"] = time.perf_counter() - t
+            runs[m.name][name] = entry
+            log(f"torch {m.name} {name}: ready in {entry['compile_s']:.1f}s"
+                + (f" ({entry['error']})" if "error" in entry else ""))
+        del module
+    return runs
+
+
+def _free_torch():
+    try:
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def time_ort(onnx_path, feed, batch, cfg, ref):
+    from amp_cli.bench import LatencyStats, RunnerResult, _accuracy, _host_timed
+
+    import onnxruntime as ort
+
+    cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    res = RunnerResult(f"onnxruntime {'cuda' if cuda else 'cpu'}", "ort",
+                       "cuda" if cuda else "cpu", "float32", timer="host clock")
+    try:
+        sess = ort.InferenceSession(str(onnx_path), providers=[
+            "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"])
+        res.accuracy = _accuracy(ref, sess.run(None, feed), None)
+        small = type(cfg)(warmup=min(cfg.warmup, 3), repeat=min(cfg.repeat, 10)) if not cuda \
+            else cfg
+        res.latency = LatencyStats.from_seconds(_host_timed(lambda: sess.run(None, feed), small),
+                                                batch, small.number)
+    except Exception as exc:  # noqa: BLE001
+        res.error = f"{type(exc).__name__}: {exc}"[:300]
+    return res
+
+
+def machine_info() -> dict:
+    import platform
+
+    info = {"host": platform.node(), "cpu_count": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        info["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        info["nvidia_smi"] = None
+    return info
+
+
+def finish(result: dict, json_path: Path, build_only: bool = False) -> None:
+    from amp_cli.report import write_json
+
+    result["wall_s"] = time.perf_counter() - T0
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(json_path, result)
+    print(render(result, build_only))
+    print(f"wrote {json_path}")
+
+
+def _f(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def render(result: dict, build_only: bool = False) -> str:
+    lines = [f"amp GPU suite: target {result['target']}, {result['machine'].get('nvidia_smi')}, "
+             f"wall {result['wall_s']:.0f}s"]
+    lines.append("builds (s, wall in parallel): " + "; ".join(
+        f"{b['name']} {_f(b.get('wall_s'), '.0f')}"
+        + ("" if b.get("rc") == 0 else f" [{b.get('status', 'not run')}]")
+        for b in result["builds"]))
+    if build_only:
+        return "\n".join(lines)
+    head = f"{'model':<12} {'runner':<36} {'p50 ms':>8} {'mean':>8} {'p99':>8} {'items/s':>9} " \
+           f"{'rel L2':>9} {'cosine':>9} {'build s':>8} {'vs tc16':>8}"
+    lines += [head, "-" * len(head)]
+    for name, m in result["models"].items():
+        rs = m["runners"]
+        tc = next((r for r in rs if r["name"] == "torch.compile fp16" and r["latency"]), None)
+        for r in rs:
+            lat, acc = r.get("latency"), r.get("accuracy") or {}
+            if not lat:
+                lines.append(f"{name:<12} {r['name']:<36} {r.get('error') or r.get('skipped')}")
+                continue
+            ratio = lat["p50_ms"] / tc["latency"]["p50_ms"] if tc else None
+            lines.append(f"{name:<12} {r['name']:<36} {lat['p50_ms']:8.3f} {lat['mean_ms']:8.3f} "
+                         f"{lat['p99_ms']:8.3f} {lat['throughput_per_s']:9.1f} "
+                         f"{_f(acc.get('rel_l2'), '.2e'):>9} {_f(acc.get('cosine'), '.6f'):>9} "
+                         f"{_f(r.get('build_seconds'), '.0f'):>8} {_f(ratio, '.2f'):>8}")
+        amp16 = next((r for r in rs if r["name"] == "amp fp16" and r["latency"]), None)
+        seed = SEED.get(name)  # only for the reference shapes (bert-large: 24 layers)
+        if amp16:
+            a = amp16["latency"]["p50_ms"]
+            goal = f"{'':<12} goal: amp fp16 {a:.3f} ms"
+            if tc:
+                t = tc["latency"]["p50_ms"]
+                goal += f" vs torch.compile fp16 {t:.3f} ms: {a / t:.2f}x (goal <= 1.00x)"
+            if seed:
+                goal += (f"; vs stock TVM fp32 {seed['stock TVM fp32']} ms (seed): "
+                         f"{seed['stock TVM fp32'] / a:.2f}x faster (goal >= 2x)")
+            lines.append(goal)
+        prof = m.get("amp_fp16_profile")
+        if prof:
+            lines.append(f"{'':<12} amp fp16 top kernels (synced, incl. launch): " + ", ".join(
+                f"{p['name']} {p['ms']:.3f}ms x{p['count']} ({p['percent']:.0f}%)"
+                for p in prof[:5]))
+    for n in result.get("notes", []):
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
