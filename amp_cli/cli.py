@@ -22,6 +22,7 @@ Exit codes:
   2    usage error (bad option or argument)
   3    amp bench: a --max-latency-ratio / --max-rel-error gate failed
   130  interrupted (Ctrl-C); nothing half-written is left behind
+  143  terminated (SIGTERM); likewise
 """
 
 

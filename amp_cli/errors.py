@@ -9,7 +9,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # an AmpError: bad input, failed import, failed build ...
 EXIT_USAGE = 2  # bad command line (click's own code)
 EXIT_GATE = 3  # `amp bench` gate failed (latency ratio or error above threshold)
-EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT); SIGTERM exits 143 (128 + signal)
 
 
 class AmpError(Exception):
