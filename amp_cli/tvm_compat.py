@@ -241,6 +241,12 @@ def structural_mutate(root, callbacks):
     return tvm_ffi.structural_mutate(root, callbacks)
 
 
+def decl_buffer(buffer, data):
+    """A ``DeclBuffer`` statement binding ``buffer`` to the storage expression ``data``
+    (0.27: flat DeclBuffer without body, data by keyword)."""
+    return tirx().DeclBuffer(buffer, data=data)
+
+
 def prim_func_pass(fn, name: str, opt_level: int = 0):
     return tvm().tirx.transform.prim_func_pass(fn, opt_level=opt_level, name=name)
 

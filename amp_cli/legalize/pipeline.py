@@ -104,9 +104,20 @@ def _s_tir_main_passes(config, legalize_pass):
     return passes
 
 
-def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda: bool = True):
-    """A TIR pipeline factory in 0.27's form: () -> (main, finalize_host, finalize_device)."""
+ASYNC_COPY_CONFIG = "tirx.use_async_copy"
+
+
+def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda: bool = True,
+                          async_copy: bool = True, typed_access_ptr: bool = True):
+    """A TIR pipeline factory in 0.27's form: () -> (main, finalize_host, finalize_device).
+
+    async_copy: turn on ``tirx.use_async_copy`` (TVM's InjectPTXAsyncCopy/LowerAsyncDMA), so
+    loads that a schedule puts in a ``software_pipeline_async_stages`` stage (amp's tensor-core
+    GEMM, MetaSchedule's tensor-core rules) become ``cp.async``; other code is unaffected.
+    typed_access_ptr: run amp's fix for TVM 0.27's access-pointer dtype error (access_ptr.py);
+    off only to reproduce that error in tests."""
     from . import lane_legalize_pass
+    from .access_ptr import typed_access_ptr_pass
 
     tvm = tvm_compat.tvm()
     finalize_host, finalize_device = tvm_compat.default_tir_finalize_passes()
@@ -114,9 +125,15 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
     def factory(**_kwargs):
         @tvm.transform.module_pass(opt_level=0, name="amp.CudaTIRPipeline")
         def _main(mod, _ctx):
-            config = tvm.transform.PassContext.current().config
+            config = {str(k): v for k, v in tvm.transform.PassContext.current().config.items()}
+            if async_copy:
+                config[ASYNC_COPY_CONFIG] = True
             legal = lane_legalize_pass(records, stage="after VectorizeLoop", only_cuda=only_cuda) if legalize else None
-            return tvm.ir.transform.Sequential(_s_tir_main_passes(config, legal))(mod)
+            # + the access-pointer dtype fix for TVM 0.27's StorageRewrite (access_ptr.py)
+            passes = _s_tir_main_passes(config, legal)
+            if typed_access_ptr:
+                passes.append(typed_access_ptr_pass())
+            return tvm.ir.transform.Sequential(passes)(mod)
 
         def _finalize_device():
             stock = finalize_device()
@@ -131,11 +148,13 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
 
 
 def cuda_tir_pipeline(target=None, records: list | None = None, legalize: bool = True,
-                      only_cuda: bool = True) -> str:
+                      only_cuda: bool = True, async_copy: bool = True,
+                      typed_access_ptr: bool = True) -> str:
     """Register amp's CUDA TIR pipeline and return its name, the value tvm.compile takes as
     ``tir_pipeline=`` in 0.27. ``target`` is accepted for API stability (the pipeline is the
     same for every CUDA arch; non-CUDA PrimFuncs are left alone by the legalizer unless
     ``only_cuda=False``, which tests use to run legalized TIR on the CPU)."""
     del target
     name = f"amp_cuda_lane_safe_{next(_COUNTER)}"
-    return tvm_compat.register_tir_pipeline(name, make_pipeline_factory(records, legalize, only_cuda))
+    return tvm_compat.register_tir_pipeline(name, make_pipeline_factory(
+        records, legalize, only_cuda, async_copy, typed_access_ptr))
