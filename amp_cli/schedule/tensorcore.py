@@ -80,9 +80,9 @@ def _bf16_intrinsics():
         tc.get_wmma_intrin_group = original
 
 
-def gemm_extents(func):
-    """(dtype_in, dtype_out, [M, N, K] static extents or None) of a matmul-like PrimFunc, or None
-    when it is not one (the same analysis dlight's rules use)."""
+def gemm_shape(func):
+    """(dtype_in, dtype_out, batch, [M, N, K]) of a matmul-like PrimFunc, static extents as ints
+    and dynamic ones as None, or None when it is not one (the analysis dlight's rules use)."""
     tvm = tvm_compat.tvm()
     from tvm.s_tir.dlight.analysis import get_root_block
     from tvm.s_tir.dlight.gpu import matmul as dm
@@ -102,8 +102,14 @@ def gemm_extents(func):
         in_dtype, out_dtype = dm.get_in_out_dtypes(block)
     except Exception:  # noqa: BLE001 - not a GEMM dlight understands
         return None
-    sizes = [int(e.value) if hasattr(e, "value") else None for e in list(extents)[1:]]
-    return str(in_dtype), str(out_dtype), sizes
+    sizes = [int(e.value) if hasattr(e, "value") else None for e in list(extents)]
+    return str(in_dtype), str(out_dtype), sizes[0], sizes[1:]
+
+
+def gemm_extents(func):
+    """(dtype_in, dtype_out, [M, N, K]) of a matmul-like PrimFunc (see :func:`gemm_shape`)."""
+    info = gemm_shape(func)
+    return None if info is None else (info[0], info[1], info[3])
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,9 +120,10 @@ def _make_rule():
     class AmpMatmul(dl.gpu.Matmul):
         """dlight's Matmul plus wmma for sides >= ``min_extent`` and for bf16 (see module doc)."""
 
-        def __init__(self, min_extent: int = MIN_EXTENT):
+        def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True):
             super().__init__()
             self.min_extent = min_extent
+            self.own_gemm = own_gemm
 
         def _wants_tensor_cores(self, func, target) -> str | None:
             sm = _sm(target)
@@ -138,6 +145,10 @@ def _make_rule():
             kind = None
             if isinstance(func, tvm_compat.prim_func_class()) and self.is_target_available(target):
                 kind = self._wants_tensor_cores(func, target)
+            if kind is not None and self.own_gemm:
+                sch = _own_schedule(func, kind, _sm(target))
+                if sch is not None:
+                    return sch
             if kind == "float16":
                 sch = MatmulTensorization().apply(func, target, tunable)
                 if sch is not None:
@@ -152,6 +163,21 @@ def _make_rule():
     return AmpMatmul
 
 
-def AmpMatmul(min_extent: int = MIN_EXTENT):  # noqa: N802 - reads like the rule class
-    """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass)."""
-    return _make_rule()(min_extent)
+def _own_schedule(func, in_dtype: str, sm: int):
+    """amp's cp.async wmma schedule (``tc_gemm``) for a static-shape GEMM, else None."""
+    from . import tc_gemm
+
+    info = gemm_shape(func)
+    if info is None:
+        return None
+    _, out_dtype, batch, sizes = info
+    if batch is None or any(s is None for s in sizes):
+        return None  # dynamic extents: MatmulTensorization pads symbolically
+    acc = "float16" if out_dtype == "float16" else "float32"
+    return tc_gemm.schedule_gemm(func, in_dtype, acc, batch, sizes, sm)
+
+
+def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True):  # noqa: N802
+    """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
+    static-shape fp16/bf16 GEMMs use amp's pipelined wmma schedule (tc_gemm) first."""
+    return _make_rule()(min_extent, own_gemm)

@@ -1,0 +1,294 @@
+"""amp's tensor-core GEMM schedule for CUDA (wmma fragments, cp.async multi-stage pipeline).
+
+Why not dlight's ``MatmulTensorization``: its one fixed configuration (128x128x64 block tile,
+16 warps of 32x32 each, register-staged double buffer) measured 39-79 TFLOP/s on the H200 for
+BERT-large's GEMMs (docs/gpu-performance.md). Two things cost most:
+
+- *waves*: a 1024x1024 output is 64 tiles of 128x128 on a 132-SM GPU, so half the SMs idle;
+- *per-warp reuse*: a 32x32 warp tile loads 4 fragments per 4 MMAs.
+
+This rule schedules the same normalized GEMM ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (dlight's
+analysis does the normalization, so conv-as-GEMM, batched and transposed matmuls all reach it)
+with a :class:`TileConfig` chosen per shape by :func:`choose_config` (fewest waves, then larger
+warp tiles), loads global->shared with ``cp.async`` in a ``stages``-deep software pipeline
+(``software_pipeline_async_stages``; the TIR pipeline turns on ``tirx.use_async_copy``), prefetches
+fragments one k-step ahead, and keeps the epilogue (bias, activation, cast, residual add) fused
+into the shared->global store. Tuning (``amp tune``) can still replace it per kernel.
+
+All schedule primitives used are TVM's; the TVM-version-specific imports go through tvm_compat.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import tvm_compat
+
+FRAG = 16  # wmma m16n16k16
+WARP = 32
+
+# SMs per arch for wave-count estimates (a wrong guess only changes which tile is picked).
+SM_COUNT = {70: 80, 75: 68, 80: 108, 86: 84, 87: 16, 89: 128, 90: 132, 100: 148, 120: 84}
+# Dynamic shared memory a block may opt into, per arch (CUDA programming guide, table 21);
+# TVM's CUDA runtime raises the kernel's limit itself for launches above 48 KiB.
+SMEM_LIMIT = {70: 96, 75: 64, 80: 163, 86: 99, 87: 163, 89: 99, 90: 227, 100: 227, 120: 99}
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    warps_m: int = 2    # warps along M
+    warps_n: int = 4    # warps along N
+    frags_m: int = 4    # 16x16 fragments per warp along M
+    frags_n: int = 2    # ... along N
+    k_frags: int = 2    # 16-wide K fragments per pipeline step (BK = 16 * k_frags)
+    stages: int = 3     # shared-memory pipeline depth (cp.async); 1 = no pipelining
+
+    @property
+    def bm(self) -> int:
+        return FRAG * self.warps_m * self.frags_m
+
+    @property
+    def bn(self) -> int:
+        return FRAG * self.warps_n * self.frags_n
+
+    @property
+    def bk(self) -> int:
+        return FRAG * self.k_frags
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    def shared_bytes(self, in_bytes: int = 2, acc_bytes: int = 4) -> int:
+        """Upper bound of dynamic shared memory (A/B stages + the accumulator staging tile)."""
+        ab = self.stages * (self.bm + self.bn) * (self.bk + 8) * in_bytes
+        acc = self.bm * (self.bn + 4) * acc_bytes
+        return ab + acc
+
+    def name(self) -> str:
+        return (f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
+                f"_s{self.stages}")
+
+
+# Candidates the default heuristic picks from, largest warp tile first.
+CANDIDATES = (
+    TileConfig(2, 4, 4, 2, 2, 3),   # 128x128x32, 8 warps of 64x32
+    TileConfig(2, 2, 4, 4, 2, 3),   # 128x128x32, 4 warps of 64x64
+    TileConfig(2, 2, 4, 2, 2, 3),   # 128x64x32, 4 warps of 64x32
+    TileConfig(2, 2, 2, 4, 2, 3),   # 64x128x32, 4 warps of 32x64
+    TileConfig(2, 2, 2, 2, 4, 3),   # 64x64x64, 4 warps of 32x32
+)
+
+
+def sm_count(sm: int) -> int:
+    return SM_COUNT.get(sm, 108)
+
+
+def smem_limit(sm: int) -> int:
+    """Bytes of dynamic shared memory one block may use on ``sm`` (48 KiB if unknown)."""
+    return SMEM_LIMIT.get(sm, 48) * 1024
+
+
+def fitting(sm: int, in_bytes: int = 2, acc_bytes: int = 4) -> tuple:
+    """The candidates whose shared memory (without any reuse) fits a block on ``sm``."""
+    return tuple(c for c in CANDIDATES if c.shared_bytes(in_bytes, acc_bytes) <= smem_limit(sm))
+
+
+def waves(cfg: TileConfig, batch: int, m: int, n: int, sms: int) -> float:
+    ctas = batch * math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+    return math.ceil(ctas / sms)
+
+
+def choose_config(batch: int, m: int, n: int, k: int, sm: int,
+                  acc_bytes: int = 4) -> TileConfig | None:
+    """Default tile for a GEMM: estimated time = waves x per-CTA work / warp-tile efficiency,
+    where padding to the tile counts as work. Ties go to the earlier (larger) candidate.
+    None when no candidate fits the arch's shared memory."""
+    sms = sm_count(sm)
+    options = fitting(sm, 2, acc_bytes)
+    if not options:
+        return None
+
+    def cost(cfg: TileConfig) -> float:
+        ctas = batch * math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+        # one CTA per SM at a time for the 128-wide tiles, two for the small ones (smem/regs)
+        per_sm = 1 if cfg.bm * cfg.bn >= 128 * 128 else 2
+        rounds = math.ceil(ctas / (sms * per_sm))
+        k_steps = math.ceil(k / cfg.bk)
+        # MMA work of a CTA, discounted by how well a warp tile reuses its fragments
+        wm, wn = cfg.frags_m, cfg.frags_n
+        reuse = (wm * wn) / (wm + wn)           # MMAs per fragment load
+        eff = min(1.0, reuse / 2.0)             # 64x64 and 64x32 warp tiles: ~full speed
+        return rounds * k_steps * cfg.bm * cfg.bn / (eff * per_sm)
+
+    return min(options, key=cost)
+
+
+def _intrinsics(in_dtype: str, acc_dtype: str) -> dict | None:
+    from tvm.s_tir.tensor_intrin import cuda as tc
+
+    from .tensorcore import register_bf16_wmma
+
+    if in_dtype == "float16" and acc_dtype in ("float16", "float32"):
+        return tc.get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn",
+                                        in_dtype="float16", out_dtype=acc_dtype, trans_b=True)
+    if in_dtype == "bfloat16" and acc_dtype == "float32":
+        return register_bf16_wmma()
+    return None
+
+
+def _widest(extent: int, widest: int) -> int:
+    """The widest vector (<= widest lanes, a power of two) whose rows stay aligned: rows of
+    ``extent`` elements start at multiples of the vector only if the vector divides extent."""
+    lanes = widest
+    while lanes > 1 and extent % lanes:
+        lanes //= 2
+    return lanes
+
+
+def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: int,
+                  cfg: TileConfig | None = None):
+    """amp's schedule for a static-shape GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``),
+    or None where it does not apply (no fitting tile, rows too misaligned for cp.async)."""
+    m, n, k = sizes
+    acc_bytes = 2 if acc_dtype == "float16" else 4
+    cfg = cfg or choose_config(batch, m, n, k, sm, acc_bytes)
+    if cfg is None:
+        return None
+    # cp.async copies 4, 8 or 16 bytes: 2+ fp16 lanes per copy, from K-contiguous rows
+    load_vec = _widest(k, 8)
+    if load_vec < 2:
+        return None
+    return schedule(func, in_dtype, acc_dtype, sizes, sm, cfg, load_vec=load_vec,
+                    store_vec=_widest(n, 4))
+
+
+def schedule(func, in_dtype: str, acc_dtype: str, sizes, sm: int, cfg: TileConfig | None = None,
+             load_vec: int = 8, store_vec: int = 4):
+    """A tensor-core schedule of a matmul-like PrimFunc, or None where this rule does not apply.
+    ``sizes`` = [M, N, K] static extents (None for dynamic) as ``tensorcore.gemm_extents`` gives;
+    ``load_vec``/``store_vec``: lanes of the global loads and of the epilogue's stores."""
+    tvm = tvm_compat.tvm()
+    from tvm.s_tir.dlight.analysis import get_root_block
+    from tvm.s_tir.dlight.gpu import matmul as dm
+
+    intrin = _intrinsics(in_dtype, acc_dtype)
+    if intrin is None:
+        return None
+    m, n, k = [s if s is not None else 1024 for s in sizes]
+    cfg = cfg or choose_config(1, m, n, k, sm)
+    if cfg is None:
+        return None
+
+    sch = tvm.s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    reductions = dm.get_reduction_blocks(sch, blocks)
+    if reductions is None:
+        return None
+    main = reductions[0]
+
+    # 1. normalize to C[S, I, J] += A[S, I, K] * B[S, J, K] and pad to whole tiles
+    reindex_a = sch.reindex(main, ("read", 0))
+    reindex_b = sch.reindex(main, ("read", 1))
+    reindex_c = sch.reindex(main, ("write", 0))
+    maps = dm.get_index_map(sch.get(main))
+    if maps is None:
+        return None
+    matmul_map, a_map, b_map, c_map = maps
+    sch.transform_layout(reindex_a, ("write", 0), a_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, matmul_map)
+    sch.pad_einsum(main, [1, cfg.bm, cfg.bn, cfg.bk])
+
+    # 2. 16x16x16 fragments, then block / warp / fragment tiling
+    batch, i, j, kk = sch.get_loops(main)
+    i, i_in = sch.split(i, [None, FRAG])
+    j, j_in = sch.split(j, [None, FRAG])
+    kk, k_in = sch.split(kk, [None, FRAG])
+    sch.reorder(i, j, kk, i_in, j_in, k_in)
+    inner = main
+    outer = sch.blockize(i_in)
+
+    i0, i1, i2 = sch.split(i, [None, cfg.warps_m, cfg.frags_m])
+    j0, j1, j2 = sch.split(j, [None, cfg.warps_n, cfg.frags_n])
+    k0, k1 = sch.split(kk, [None, cfg.k_frags])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(batch, "blockIdx.z")
+    sch.bind(i0, "blockIdx.y")
+    sch.bind(j0, "blockIdx.x")
+    warp = sch.fuse(i1, j1)
+    sch.bind(warp, "threadIdx.y")
+
+    vec = load_vec
+
+    def to_shared(index: int):
+        block = sch.cache_read(outer, index, "shared.dyn")
+        sch.compute_at(block, k0)
+        fused = sch.fuse(*sch.get_loops(block)[-2:])
+        _, ty, tx, v = sch.split(fused, [None, cfg.warps, WARP, vec])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(v)
+        sch.storage_align(block, 0, axis=-2, factor=16, offset=8)
+        return block
+
+    a_shared = to_shared(0)
+    b_shared = to_shared(1)
+    dm.auto_inline_producers(sch, a_shared)
+    dm.auto_inline_producers(sch, b_shared)
+
+    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
+    b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+    sch.compute_at(a_frag, k1)
+    sch.compute_at(b_frag, k1)
+
+    acc_shared = sch.cache_write(outer, 0, "shared.dyn")
+    sch.storage_align(acc_shared, 0, -2, 16, 4)
+    acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(acc, warp)
+    sch.reverse_compute_at(acc_shared, warp)
+    ai, aj = sch.get_loops(acc)[-2:]
+    ai0, ai1 = sch.split(ai, [None, FRAG])
+    aj0, aj1 = sch.split(aj, [None, FRAG])
+    sch.reorder(ai0, aj0, ai1, aj1)
+
+    init = sch.decompose_reduction(outer, k0)
+    init_inner = sch.get_child_blocks(init)[0]
+
+    def tile_16(block):
+        li, lj = sch.get_loops(block)[-2:]
+        li0, li1 = sch.split(li, [None, FRAG])
+        lj0, lj1 = sch.split(lj, [None, FRAG])
+        sch.reorder(li0, lj0, li1, lj1)
+        sch.unroll(li0)
+        sch.unroll(lj0)
+        return li1
+
+    try:
+        sch.tensorize(tile_16(a_frag), intrin["load_a"])
+        sch.tensorize(tile_16(b_frag), intrin["load_b"])
+        sch.tensorize(sch.get_loops(init_inner)[-2], intrin["init"])
+        sch.tensorize(sch.get_loops(acc)[-2], intrin["store"])
+        sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
+    except Exception:  # noqa: BLE001 - the block does not match the intrinsic: not ours
+        return None
+
+    # 3. epilogue (casts, bias, activation, residual) fused into the shared->global store
+    dm.auto_inline_consumer_chain(sch, acc_shared)
+    fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
+    _, tx, v = sch.split(fused, [None, WARP, store_vec])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+
+    # 4. pipelines: cp.async global->shared `stages` deep; fragments one k-step ahead
+    # (InjectSoftwarePipeline expands the inner k1 pipeline first, so k0's body is then five
+    # statements: A copy, B copy, k1 prologue, k1 body, k1 epilogue.)
+    sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+    sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+    if cfg.stages > 1:
+        last = cfg.stages - 1
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, last, last, last])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2, 3, 4])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
+    return sch

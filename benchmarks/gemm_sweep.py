@@ -1,0 +1,156 @@
+"""Sweep amp's tensor-core GEMM tile configurations on one GPU (issue 9).
+
+For each GEMM shape (BERT-large and ResNet-50 GEMMs at batch 8 by default) this builds
+``C = cast(A @ B^T)`` (fp16 in, fp32 accumulate, fp16 out: the shape amp's conv-GEMMs and dense
+layers have) with every candidate of ``amp_cli.schedule.tc_gemm`` plus dlight's
+``MatmulTensorization``, checks each result against numpy fp32 (rel L2, random inputs), times it
+with the module's time_evaluator (CUDA events, median) and prints TFLOP/s per config and which
+config ``choose_config`` would pick. ``--compile-only`` builds and checks the CUDA source (cp.async
+and wmma present) without a GPU.
+
+    python benchmarks/gemm_sweep.py --json $OUT/gemm_sweep.json
+    python benchmarks/gemm_sweep.py --compile-only --shapes 1024x1024x1024
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from amp_cli import tvm_compat  # noqa: E402
+from amp_cli.schedule import tc_gemm  # noqa: E402
+
+# (name, M, N, K): M = tokens or N*H*W pixels, N = output features, K = reduction
+DEFAULT_SHAPES = [
+    ("bert qkv/out 1024x1024", 1024, 1024, 1024),
+    ("bert ffn-up 1024->4096", 1024, 4096, 1024),
+    ("bert ffn-down 4096->1024", 1024, 1024, 4096),
+    ("bert qkv fused 1024->3072", 1024, 3072, 1024),
+    ("resnet s1 1x1 64->256 (56^2)", 25088, 256, 64),
+    ("resnet s3 3x3 256 (14^2)", 1568, 256, 2304),
+    ("resnet s4 3x3 512 (7^2)", 392, 512, 4608),
+    ("resnet s2 1x1 512->128 (28^2)", 6272, 128, 512),
+]
+
+
+def gemm_func(m: int, n: int, k: int, dtype: str = "float16"):
+    tvm = tvm_compat.tvm()
+    from tvm import te
+
+    a = te.placeholder((m, k), dtype, name="A")
+    b = te.placeholder((n, k), dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype("float32") * b[j, r].astype("float32"),
+                                                axis=r), name="C")
+    d = te.compute((m, n), lambda i, j: c[i, j].astype(dtype), name="D")
+    return te.create_prim_func([a, b, d]).with_attr("global_symbol", "main")
+
+
+def build(func, sch_mod, target):
+    tvm = tvm_compat.tvm()
+    from amp_cli.legalize import cuda_tir_pipeline
+
+    mod = tvm.IRModule({"main": sch_mod})
+    return tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
+
+
+def dlight_schedule(func, target):
+    from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization
+
+    with target:
+        sch = MatmulTensorization().apply(func, target, False)
+    return None if sch is None else sch.mod["main"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--shapes", default=None, help="comma list of MxNxK (default: BERT/ResNet set)")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--stages", default="2,4", type=lambda v: [int(x) for x in v.split(",") if x],
+                    help="extra pipeline depths to try for the three largest tiles ('' = none)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    tvm = tvm_compat.tvm()
+    target = tvm.target.Target({"kind": "cuda", "arch": args.arch})
+    sm = int(args.arch.split("_")[-1])
+    shapes = DEFAULT_SHAPES
+    if args.shapes:
+        shapes = [(s, *map(int, s.split("x"))) for s in args.shapes.split(",")]
+    dev = None if args.compile_only else tvm.cuda(0)
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, m, n, k in shapes:
+        func = gemm_func(m, n, k)
+        pick = tc_gemm.choose_config(1, m, n, k, sm)
+        variants = [(c.name(), c) for c in tc_gemm.CANDIDATES]
+        if args.stages:
+            for c in tc_gemm.CANDIDATES[:3]:
+                for st in args.stages:
+                    if st != c.stages:
+                        v = dataclasses.replace(c, stages=st)
+                        variants.append((v.name(), v))
+        variants.append(("dlight", None))
+        if dev is not None:
+            a = rng.standard_normal((m, k)).astype("float16")
+            b = rng.standard_normal((n, k)).astype("float16")
+            ref = a.astype("float32") @ b.astype("float32").T
+            ta, tb = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
+        for vname, cfg in variants:
+            row = {"shape": name, "m": m, "n": n, "k": k, "config": vname,
+                   "picked": cfg == pick}
+            t0 = time.time()
+            try:
+                if cfg is None:
+                    smod = dlight_schedule(func, target)
+                else:
+                    sch = tc_gemm.schedule(func, "float16", "float32", [m, n, k], sm, cfg)
+                    smod = None if sch is None else sch.mod["main"]
+                if smod is None:
+                    row["error"] = "rule not applicable"
+                    rows.append(row)
+                    continue
+                ex = build(func, smod, target)
+                row["build_s"] = round(time.time() - t0, 1)
+                src = tvm_compat.cuda_source(ex)
+                row["cp_async"] = "cp.async" in src
+                row["wmma"] = "mma_sync" in src
+                if dev is not None:
+                    tc = tvm.runtime.empty((m, n), "float16", dev)
+                    ex(ta, tb, tc)
+                    out = tc.numpy().astype("float32")
+                    row["rel_l2"] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                    ev = ex.time_evaluator("main", dev, number=10, repeat=args.repeat)
+                    med = float(np.median(np.array(ev(ta, tb, tc).results))) * 1e3
+                    row["ms"] = med
+                    row["tflops"] = 2.0 * m * n * k / (med * 1e-3) / 1e12
+            except Exception as err:  # noqa: BLE001 - a failing config is a result
+                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print()
+    print(f"{'shape':34} {'config':26} {'ms':>8} {'TFLOP/s':>8} {'relL2':>8} pick")
+    for r in rows:
+        ms = f"{r['ms']:.4f}" if "ms" in r else "-"
+        tf = f"{r['tflops']:.0f}" if "tflops" in r else r.get("error", "built")[:8]
+        err = f"{r['rel_l2']:.1e}" if "rel_l2" in r else "-"
+        print(f"{r['shape'][:34]:34} {r['config']:26} {ms:>8} {tf:>8} {err:>8} "
+              f"{'*' if r['picked'] else ''}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"arch": args.arch, "rows": rows}, fh, indent=1)
+    bad = [r for r in rows if "error" in r and r["config"] != "dlight"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

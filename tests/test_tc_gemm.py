@@ -1,0 +1,174 @@
+"""amp's pipelined tensor-core GEMM schedule (schedule/tc_gemm.py) and the access-pointer fix it
+needs (legalize/access_ptr.py): CUDA builds checked here without a GPU, numerics on the GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from amp_cli import tvm_compat  # noqa: E402
+from amp_cli.legalize import cuda_tir_pipeline  # noqa: E402
+from amp_cli.schedule import tc_gemm  # noqa: E402
+from amp_cli.schedule.tensorcore import AmpMatmul, gemm_shape  # noqa: E402
+
+
+def gemm(m, n, k, dtype="float16", acc="float32", bias=False, relu=False, batch=None):
+    """D = cast(A @ B^T [+ bias] [relu]) as a TE PrimFunc (the shape amp's conv-GEMMs have)."""
+    from tvm import te
+
+    lead = (batch,) if batch else ()
+    a = te.placeholder(lead + (m, k), dtype, name="A")
+    b = te.placeholder((n, k), dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute(lead + (m, n), lambda *ix: te.sum(
+        a[ix[:-1] + (r,)].astype(acc) * b[ix[-1], r].astype(acc), axis=r), name="C")
+    args = [a, b]
+    out = c
+    if bias:
+        bv = te.placeholder((n,), acc, name="bias")
+        args.append(bv)
+        out = te.compute(out.shape, lambda *ix: out(*ix) + bv[ix[-1]], name="biased")
+    if relu:
+        out = te.compute(out.shape, lambda *ix: te.max(out(*ix), tvm.tirx.const(0, acc)),
+                         name="relu")
+    d = te.compute(out.shape, lambda *ix: out(*ix).astype(dtype), name="D")
+    return te.create_prim_func(args + [d]).with_attr("global_symbol", "main")
+
+
+def build(sch_func, arch, **pipeline):
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    return tvm.compile(tvm.IRModule({"main": sch_func}), target=target,
+                       tir_pipeline=cuda_tir_pipeline(target, [], **pipeline))
+
+
+def own(func, arch="sm_90", cfg=None):
+    in_dtype, out_dtype, batch, sizes = gemm_shape(func)
+    sm = int(arch.split("_")[1])
+    acc = "float16" if out_dtype == "float16" else "float32"
+    sch = tc_gemm.schedule_gemm(func, in_dtype, acc, batch, sizes, sm, cfg)
+    return None if sch is None else sch.mod["main"]
+
+
+# ------------------------------------------------------------------ CUDA builds (CI, no GPU)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("cfg", tc_gemm.CANDIDATES, ids=lambda c: c.name())
+def test_every_candidate_builds_with_cp_async_and_wmma(arch, cfg):
+    src = tvm_compat.cuda_source(build(own(gemm(256, 256, 256), arch, cfg), arch))
+    assert "cp.async" in src and "mma_sync" in src
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_odd_sizes_and_fused_epilogue_build(dtype):
+    # M, N not multiples of any tile, K a multiple of 8 but not of the tile: padded, predicated
+    func = gemm(200, 100, 72, dtype=dtype, bias=True, relu=True)
+    sch = own(func)
+    assert sch is not None
+    src = tvm_compat.cuda_source(build(sch, "sm_90"))
+    assert "mma_sync" in src and "cp.async" in src
+    assert "max(" in src  # relu fused into the store, not a separate kernel
+
+
+def test_fp16_accumulation_builds():
+    src = tvm_compat.cuda_source(build(own(gemm(128, 128, 128, acc="float16")), "sm_90"))
+    assert "mma_sync" in src and "wmma::accumulator, 16, 16, 16, half" in src
+
+
+def test_misaligned_k_is_declined_and_amp_matmul_still_uses_tensor_cores():
+    func = gemm(256, 64, 147)  # ResNet's stem conv as a GEMM: K = 7*7*3 rows are not 4-byte aligned
+    assert own(func) is None
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        sch = AmpMatmul().apply(func, target, False)
+    src = tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
+    assert "mma_sync" in src and "cp.async" not in src  # dlight's MatmulTensorization
+
+
+def test_load_vector_width_follows_k_alignment():
+    assert tc_gemm._widest(1024, 8) == 8
+    assert tc_gemm._widest(36, 8) == 4
+    assert tc_gemm._widest(18, 8) == 2
+    assert tc_gemm._widest(147, 8) == 1
+
+
+def test_choose_config_respects_shared_memory_per_arch():
+    for sm in (80, 86, 89, 90):
+        cfg = tc_gemm.choose_config(1, 4096, 4096, 4096, sm)
+        assert cfg.shared_bytes() <= tc_gemm.smem_limit(sm)
+    big = tc_gemm.CANDIDATES[0]
+    assert big.shared_bytes() > tc_gemm.smem_limit(86)  # so sm_86 must pick something smaller
+    assert tc_gemm.choose_config(1, 4096, 4096, 4096, 86) != big
+    assert tc_gemm.choose_config(1, 1024, 1024, 1024, 75) is None  # 64 KiB: nothing fits
+
+
+def test_amp_matmul_uses_own_schedule_for_static_gemms():
+    func = gemm(512, 512, 512)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        sch = AmpMatmul().apply(func, target, False)
+        stock = AmpMatmul(own_gemm=False).apply(func, target, False)
+    own_src = tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
+    stock_src = tvm_compat.cuda_source(build(stock.mod["main"], "sm_90"))
+    assert "cp.async" in own_src and "cp.async" not in stock_src
+
+
+def test_access_ptr_fix_is_what_makes_the_small_tile_build():
+    """TVM 0.27's StorageRewrite points the fp32 accumulator tile's access pointers at reused fp16
+    storage; LowerIntrin then rejects them. Without amp's pass the build fails with TVM's error."""
+    cfg = tc_gemm.TileConfig(2, 2, 2, 2, 4, 3)  # 64x64x64: the tile whose storage gets reused
+    func = own(gemm(256, 256, 256), "sm_90", cfg)
+    with pytest.raises(Exception, match="tvm_access_ptr element type must match"):
+        build(func, "sm_90", typed_access_ptr=False)
+    assert "mma_sync" in tvm_compat.cuda_source(build(func, "sm_90"))
+
+
+# ------------------------------------------------------------------ numerics (GPU)
+def _run(func, arrays, out_shape, out_dtype):
+    dev = tvm.cuda(0)
+    ex = build(func, "sm_" + tvm_compat.cuda_compute_version().replace(".", ""))
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    out = tvm.runtime.empty(out_shape, out_dtype, dev)
+    ex(*args, out)
+    return out.numpy()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cfg", tc_gemm.CANDIDATES, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", [(256, 256, 256), (200, 100, 72), (96, 520, 1032)])
+def test_candidates_match_fp32_reference(cfg, shape):
+    """Every tile on aligned and ragged shapes, bias + relu fused: rel L2 vs numpy fp32 below 2e-3
+    (fp16 output rounding alone is ~3e-4; a wrong tile/predicate gives O(1))."""
+    m, n, k = shape
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k)).astype("float16")
+    b = rng.standard_normal((n, k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float32")
+    ref = np.maximum(a.astype("float32") @ b.astype("float32").T + bias, 0)
+    sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
+    out = _run(own(gemm(m, n, k, bias=True, relu=True), f"sm_{sm}", cfg), [a, b, bias],
+               (m, n), "float16").astype("float32")
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+def test_bf16_and_batched_match_fp32_reference():
+    rng = np.random.default_rng(2)
+    sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
+    # bf16: 8 mantissa bits, rel L2 of the bf16 output rounding ~2e-3; bound 1e-2
+    ml_dtypes = pytest.importorskip("ml_dtypes")  # a TVM dependency
+
+    a = rng.standard_normal((192, 256)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((160, 256)).astype(ml_dtypes.bfloat16)
+    ref = a.astype("float32") @ b.astype("float32").T
+    out = _run(own(gemm(192, 160, 256, dtype="bfloat16"), f"sm_{sm}"), [a, b], (192, 160),
+               "bfloat16").astype("float32")
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+    # batched A (attention-like), fp16
+    a = rng.standard_normal((4, 128, 64)).astype("float16")
+    b = rng.standard_normal((128, 64)).astype("float16")
+    ref = a.astype("float32") @ b.astype("float32").T
+    out = _run(own(gemm(128, 128, 64, batch=4), f"sm_{sm}"), [a, b], (4, 128, 128),
+               "float16").astype("float32")
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
