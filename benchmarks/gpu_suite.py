@@ -63,6 +63,8 @@ def parse_args(argv):
     ap.add_argument("--budget-s", type=float, default=540,
                     help="wall-clock budget: builds still running then are killed and the "
                          "remaining runners skipped, so the table and JSON always appear")
+    ap.add_argument("--amp-precisions", default="fp32,fp16",
+                    help="amp builds to time (comma list of fp32, fp16, bf16)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch runners")
     ap.add_argument("--no-compile-modes", action="store_true",
                     help="skip torch.compile (eager only)")
@@ -192,7 +194,7 @@ def main(argv=None) -> int:
     # 2. TVM builds in the background -----------------------------------------------------------
     jobs = []
     for m in suite:
-        variants = [("fp32", None, "amp fp32"), ("fp16", None, "amp fp16")]
+        variants = [(p, None, f"amp {p}") for p in args.amp_precisions.split(",") if p]
         if args.tuning_db:
             variants.append(("fp16", args.tuning_db, "amp fp16 tuned"))
         for prec, db, label in variants:
