@@ -233,6 +233,12 @@ def analyzer():
     return Analyzer()
 
 
+def buffer_load_class():
+    """The class of TIR buffer loads (0.27: ``tvm.ir.TensorLoad``; ``tirx.BufferLoad`` is only a
+    constructor function). Its ``source`` is the buffer (a buffer-typed Var)."""
+    return tvm().ir.TensorLoad
+
+
 def structural_mutate(root, callbacks):
     """tvm_ffi.structural_mutate: typed callbacks (node, mutator) that own their recursion."""
     tvm()

@@ -13,16 +13,22 @@ from amp_cli.schedule import tc_gemm  # noqa: E402
 from amp_cli.schedule.tensorcore import AmpMatmul, gemm_shape  # noqa: E402
 
 
-def gemm(m, n, k, dtype="float16", acc="float32", bias=False, relu=False, batch=None):
-    """D = cast(A @ B^T [+ bias] [relu]) as a TE PrimFunc (the shape amp's conv-GEMMs have)."""
+def gemm(m, n, k, dtype="float16", acc="float32", bias=False, relu=False, batch=None,
+         b_layout="NK"):
+    """D = cast(A @ B^T [+ bias] [relu]) as a TE PrimFunc (the shape amp's conv-GEMMs have).
+    b_layout "KN": B is stored [K, N] (an ONNX MatMul weight), D = A @ B."""
     from tvm import te
 
     lead = (batch,) if batch else ()
     a = te.placeholder(lead + (m, k), dtype, name="A")
-    b = te.placeholder((n, k), dtype, name="B")
+    b = te.placeholder((n, k) if b_layout == "NK" else (k, n), dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
+
+    def b_at(j, kk):
+        return b[j, kk] if b_layout == "NK" else b[kk, j]
+
     c = te.compute(lead + (m, n), lambda *ix: te.sum(
-        a[ix[:-1] + (r,)].astype(acc) * b[ix[-1], r].astype(acc), axis=r), name="C")
+        a[ix[:-1] + (r,)].astype(acc) * b_at(ix[-1], r).astype(acc), axis=r), name="C")
     args = [a, b]
     out = c
     if bias:
@@ -82,6 +88,55 @@ def test_misaligned_k_is_declined_and_amp_matmul_still_uses_tensor_cores():
         sch = AmpMatmul().apply(func, target, False)
     src = tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
     assert "mma_sync" in src and "cp.async" not in src  # dlight's MatmulTensorization
+
+
+def test_k_strided_operand_is_declined():
+    """B stored [K, N]: its tile copy along K would be a strided vector. amp's schedule declines
+    (AmpMatmul then uses dlight's rule; matmul_nt makes such weights NT before it gets here)."""
+    assert own(gemm(256, 256, 256, b_layout="KN")) is None
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        sch = AmpMatmul().apply(gemm(256, 256, 256, b_layout="KN"), target, False)
+    assert "mma_sync" in tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
+
+
+def _strided_b_schedule():
+    in_dtype, _, batch, sizes = gemm_shape(gemm(256, 256, 256, b_layout="KN"))
+    sch = tc_gemm.schedule(gemm(256, 256, 256, b_layout="KN"), "float16", "float32", sizes, 90,
+                           require_contiguous=False)
+    return sch.mod["main"]
+
+
+def test_guard_keeps_strided_copies_out_of_cp_async():
+    """TVM 0.27's InjectPTXAsyncCopy turns a strided vector copy into one cp.async from the
+    ramp's base (wrong data; cudaErrorMisalignedAddress on the H200). Forced into amp's schedule,
+    such a copy of B reaches cp.async without amp's guard and stays a plain copy with it, while
+    A's contiguous copy keeps its cp.async."""
+    func = _strided_b_schedule()
+
+    def async_copies(src, operand):
+        return sum(1 for line in src.splitlines()
+                   if "ptx_cp_async_" in line and f"{operand}_ptr" in line)
+
+    stock = tvm_compat.cuda_source(build(func, "sm_90", async_guard=False))
+    guarded = tvm_compat.cuda_source(build(func, "sm_90"))
+    assert async_copies(stock, "B") > 0 and async_copies(stock, "A") > 0
+    assert async_copies(guarded, "B") == 0 and async_copies(guarded, "A") > 0
+
+
+def test_contiguous_vec_reads_the_copy_blocks():
+    from tvm.s_tir.dlight.analysis import get_root_block
+
+    def copy_vec(func, b_index):
+        sch = tvm.s_tir.Schedule(func)
+        blk = sch.get_child_blocks(get_root_block(sch))[0]
+        cached = sch.cache_read(blk, b_index, "shared.dyn")
+        return tc_gemm.contiguous_vec(sch.get(cached), 8)
+
+    assert copy_vec(gemm(64, 64, 64), 0) == 8           # A[M, K]
+    assert copy_vec(gemm(64, 64, 64), 1) == 8           # B[N, K]
+    assert copy_vec(gemm(64, 64, 36), 1) == 4           # rows of 36 halves: 8-byte aligned
+    assert copy_vec(gemm(64, 64, 64, b_layout="KN"), 1) == 8  # cached as [K, N]: N innermost
 
 
 def test_load_vector_width_follows_k_alignment():
@@ -171,4 +226,17 @@ def test_bf16_and_batched_match_fp32_reference():
     ref = a.astype("float32") @ b.astype("float32").T
     out = _run(own(gemm(128, 128, 64, batch=4), f"sm_{sm}"), [a, b], (4, 128, 128),
                "float16").astype("float32")
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+def test_guarded_strided_copy_matches_fp32_reference():
+    """The forced strided-B schedule (see test_guard_keeps_strided_copies_out_of_cp_async) with
+    amp's guard runs and is right; without it TVM's cp.async would read the wrong elements."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((256, 256)).astype("float16")
+    b = rng.standard_normal((256, 256)).astype("float16")  # [K, N]
+    ref = a.astype("float32") @ b.astype("float32")
+    out = _run(_strided_b_schedule(), [a, b], (256, 256), "float16").astype("float32")
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3

@@ -24,9 +24,10 @@ _COUNTER = itertools.count()
 LEGALIZER_PASS_NAME = "amp.LaneLegalize"
 
 
-def _s_tir_main_passes(config, legalize_pass):
+def _s_tir_main_passes(config, legalize_pass, async_guard=None):
     """apache-tvm 0.27.0.post1 ``tvm.s_tir.pipeline.default_s_tir_pipeline`` pass list, with
-    ``legalize_pass`` inserted right after VectorizeLoop (None: stock list)."""
+    ``legalize_pass`` inserted right after VectorizeLoop and ``async_guard`` right before
+    InjectPTXAsyncCopy (None: stock list)."""
     s_tir, tirx = tvm_compat.s_tir(), tvm_compat.tirx()
     passes = [
         s_tir.transform.CanonicalizeLoop(),
@@ -91,6 +92,8 @@ def _s_tir_main_passes(config, legalize_pass):
         s_tir.transform.LowerThreadAllreduce(),
     ]
     if bool(config.get("tirx.use_async_copy", False)):
+        if async_guard is not None:
+            passes.append(async_guard)
         passes.append(s_tir.transform.InjectPTXAsyncCopy())
     if bool(config.get("tirx.s_tir.ldg32", False)):
         passes.append(s_tir.transform.InjectPTXLDG32())
@@ -108,16 +111,19 @@ ASYNC_COPY_CONFIG = "tirx.use_async_copy"
 
 
 def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda: bool = True,
-                          async_copy: bool = True, typed_access_ptr: bool = True):
+                          async_copy: bool = True, typed_access_ptr: bool = True,
+                          async_guard: bool = True):
     """A TIR pipeline factory in 0.27's form: () -> (main, finalize_host, finalize_device).
 
     async_copy: turn on ``tirx.use_async_copy`` (TVM's InjectPTXAsyncCopy/LowerAsyncDMA), so
     loads that a schedule puts in a ``software_pipeline_async_stages`` stage (amp's tensor-core
     GEMM, MetaSchedule's tensor-core rules) become ``cp.async``; other code is unaffected.
     typed_access_ptr: run amp's fix for TVM 0.27's access-pointer dtype error (access_ptr.py);
-    off only to reproduce that error in tests."""
+    off only to reproduce that error in tests. async_guard: keep strided vector copies out of
+    cp.async (async_copy.py); off only to reproduce TVM's misaligned cp.async in tests."""
     from . import lane_legalize_pass
     from .access_ptr import typed_access_ptr_pass
+    from .async_copy import sync_strided_async_copy_pass
 
     tvm = tvm_compat.tvm()
     finalize_host, finalize_device = tvm_compat.default_tir_finalize_passes()
@@ -130,7 +136,9 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
                 config[ASYNC_COPY_CONFIG] = True
             legal = lane_legalize_pass(records, stage="after VectorizeLoop", only_cuda=only_cuda) if legalize else None
             # + the access-pointer dtype fix for TVM 0.27's StorageRewrite (access_ptr.py)
-            passes = _s_tir_main_passes(config, legal)
+            # + the strided-cp.async guard (async_copy.py)
+            guard = sync_strided_async_copy_pass() if async_guard else None
+            passes = _s_tir_main_passes(config, legal, guard)
             if typed_access_ptr:
                 passes.append(typed_access_ptr_pass())
             return tvm.ir.transform.Sequential(passes)(mod)
@@ -149,7 +157,7 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
 
 def cuda_tir_pipeline(target=None, records: list | None = None, legalize: bool = True,
                       only_cuda: bool = True, async_copy: bool = True,
-                      typed_access_ptr: bool = True) -> str:
+                      typed_access_ptr: bool = True, async_guard: bool = True) -> str:
     """Register amp's CUDA TIR pipeline and return its name, the value tvm.compile takes as
     ``tir_pipeline=`` in 0.27. ``target`` is accepted for API stability (the pipeline is the
     same for every CUDA arch; non-CUDA PrimFuncs are left alone by the legalizer unless
@@ -157,4 +165,4 @@ def cuda_tir_pipeline(target=None, records: list | None = None, legalize: bool =
     del target
     name = f"amp_cuda_lane_safe_{next(_COUNTER)}"
     return tvm_compat.register_tir_pipeline(name, make_pipeline_factory(
-        records, legalize, only_cuda, async_copy, typed_access_ptr))
+        records, legalize, only_cuda, async_copy, typed_access_ptr, async_guard))

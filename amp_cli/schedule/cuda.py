@@ -4,6 +4,8 @@ TVM's own CUDA pipeline (tvm/relax/backend/cuda/pipeline.py) with these changes:
 
 - convolutions become GEMMs first (``conv_gemm``: NHWC + im2col + an NT matmul), so fp16/bf16
   convs reach dlight's tensor-core matmul rule instead of SIMT fallback code;
+- fp16/bf16 matmuls with a constant [K, N] weight or a transposed operand become NT GEMMs
+  (``matmul_nt``), so tensor-core schedules copy both operands along contiguous K;
 - tuning-record passes (MetaSchedule ApplyDatabase) run before the default rules, so tuned
   kernels keep their tuned schedules and only the rest get the defaults;
 - the default matmul rule is amp's (``tensorcore.AmpMatmul``): dlight's, plus tensor cores for
@@ -76,10 +78,12 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415 - version-bound
 
     from .conv_gemm import conv_to_gemm_pass
+    from .matmul_nt import matmul_to_nt_pass
 
     @tvm.transform.module_pass(opt_level=0, name="AmpCUDAPipeline")
     def _pipeline(mod, ctx):
         graph_passes = [conv_to_gemm_pass()] if conv_as_gemm else []
+        graph_passes.append(matmul_to_nt_pass())
         # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
         # keeping the caller's other config and instruments.
         config = {str(k): v for k, v in ctx.config.items()}

@@ -146,6 +146,53 @@ def _widest(extent: int, widest: int) -> int:
     return lanes
 
 
+def contiguous_vec(block, widest: int) -> int:
+    """The widest vector (a power of two <= ``widest``) along ``block``'s innermost iteration
+    variable that keeps every global access of the block one aligned, contiguous vector: each
+    must index its buffer's last axis with that variable plus an offset that is a multiple of the
+    vector, no other axis may depend on it, and the last axis' extent must be a multiple of the
+    vector (so rows start aligned). 1 when some access is strided along it (e.g. the copy of a
+    ``B[K, N]`` operand into a [N, K] tile). Shared/local buffers are amp's own, aligned tiles."""
+    tvm = tvm_compat.tvm()
+    T = tvm_compat.tirx()
+    inner = block.iter_vars[-1].var
+    accesses = []  # (buffer, indices)
+
+    def on_load(load, mutator):
+        accesses.append((load.source, list(load.indices)))
+        return mutator.default_mutate(load)
+
+    def on_store(store, mutator):
+        accesses.append((store.buffer, list(store.indices)))
+        return mutator.default_mutate(store)
+
+    tvm_compat.structural_mutate(block.body, [(tvm_compat.buffer_load_class(), on_load),
+                                              (T.BufferStore, on_store)])
+    ana = tvm_compat.analyzer()
+    for iv in block.iter_vars:
+        ana.bind(iv.var, iv.dom)
+
+    def uses_inner(expr) -> bool:
+        return any(v.same_as(inner) for v in tvm.tirx.analysis.undefined_vars(expr))
+
+    lanes = widest
+    for buf, indices in accesses:
+        if str(buf.scope()) != "global":
+            continue
+        *outer_ix, last = indices
+        if any(uses_inner(ix) for ix in outer_ix):
+            return 1
+        offset = ana.simplify(last - inner)
+        if uses_inner(offset):
+            return 1
+        mod = ana.modular_set(offset)
+        extent = buf.shape[-1]
+        extent = int(extent.value) if hasattr(extent, "value") else 1
+        while lanes > 1 and (extent % lanes or mod.coeff % lanes or mod.base % lanes):
+            lanes //= 2
+    return lanes
+
+
 def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: int,
                   cfg: TileConfig | None = None):
     """amp's schedule for a static-shape GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``),
@@ -164,10 +211,12 @@ def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: in
 
 
 def schedule(func, in_dtype: str, acc_dtype: str, sizes, sm: int, cfg: TileConfig | None = None,
-             load_vec: int = 8, store_vec: int = 4):
+             load_vec: int = 8, store_vec: int = 4, require_contiguous: bool = True):
     """A tensor-core schedule of a matmul-like PrimFunc, or None where this rule does not apply.
     ``sizes`` = [M, N, K] static extents (None for dynamic) as ``tensorcore.gemm_extents`` gives;
-    ``load_vec``/``store_vec``: lanes of the global loads and of the epilogue's stores."""
+    ``load_vec``/``store_vec``: lanes of the global loads and of the epilogue's stores (at most;
+    narrowed to what :func:`contiguous_vec` allows). ``require_contiguous=False`` vectorizes a
+    strided operand copy anyway (only tests use it: it reproduces TVM's strided cp.async)."""
     tvm = tvm_compat.tvm()
     from tvm.s_tir.dlight.analysis import get_root_block
     from tvm.s_tir.dlight.gpu import matmul as dm
@@ -220,23 +269,31 @@ def schedule(func, in_dtype: str, acc_dtype: str, sizes, sm: int, cfg: TileConfi
     warp = sch.fuse(i1, j1)
     sch.bind(warp, "threadIdx.y")
 
-    vec = load_vec
-
     def to_shared(index: int):
         block = sch.cache_read(outer, index, "shared.dyn")
         sch.compute_at(block, k0)
+        return block
+
+    def thread_copy(block, vec: int):
         fused = sch.fuse(*sch.get_loops(block)[-2:])
         _, ty, tx, v = sch.split(fused, [None, cfg.warps, WARP, vec])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(v)
         sch.storage_align(block, 0, axis=-2, factor=16, offset=8)
-        return block
 
     a_shared = to_shared(0)
     b_shared = to_shared(1)
     dm.auto_inline_producers(sch, a_shared)
     dm.auto_inline_producers(sch, b_shared)
+    # each operand's copy runs along K: a real (and cp.async) vector only if K is contiguous
+    vecs = [contiguous_vec(sch.get(b), load_vec) for b in (a_shared, b_shared)]
+    if min(vecs) < 2:
+        if require_contiguous:
+            return None  # e.g. B[K, N] in global memory: dlight's rule gathers it instead
+        vecs = [v if v >= 2 else load_vec for v in vecs]
+    thread_copy(a_shared, vecs[0])
+    thread_copy(b_shared, vecs[1])
 
     a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
     b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
@@ -276,6 +333,7 @@ def schedule(func, in_dtype: str, acc_dtype: str, sizes, sm: int, cfg: TileConfi
 
     # 3. epilogue (casts, bias, activation, residual) fused into the shared->global store
     dm.auto_inline_consumer_chain(sch, acc_shared)
+    store_vec = contiguous_vec(sch.get(acc_shared), store_vec)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
     _, tx, v = sch.split(fused, [None, WARP, store_vec])
     sch.bind(tx, "threadIdx.x")

@@ -1,0 +1,145 @@
+"""Matmuls in NT form (``C[..., i, j] = sum_k A[..., i, k] * B[..., j, k]``) for tensor cores.
+
+Why: amp's tensor-core GEMM (tc_gemm) and dlight's ``MatmulTensorization`` stage both operands in
+shared memory as [rows, K] tiles and fill them with vector copies along K (16-byte ``cp.async`` in
+tc_gemm). That is only a real vector copy when K is the innermost, contiguous axis of the operand
+in global memory. An ONNX ``MatMul`` with a weight ``W[K, N]`` (every linear layer of an exported
+transformer) has N innermost, so the copies along K are strided: slow scalar gathers at best, and
+TVM 0.27's ``InjectPTXAsyncCopy`` turns a strided vector copy into one 16-byte ``cp.async`` from
+the first address (wrong data, and ``cudaErrorMisalignedAddress`` on the H200 for bert-large).
+
+This Relax pass rewrites, for fp16/bf16 static-shape ``relax.matmul`` calls:
+
+- ``matmul(x, W)`` with a 2-D constant ``W[K, N]`` -> an NT GEMM on the constant ``W^T[N, K]``
+  (transposed once at compile time, like conv_gemm's weights);
+- ``matmul(a, permute_dims(x, p))`` (attention's ``q @ k^T`` and ``p @ v``, whose operands come
+  out of head-split transposes) -> an NT GEMM on ``permute_dims(x, p')``, ``p'`` being ``p`` with
+  its last two axes swapped: the transpose kernel that materialized ``B`` now materializes
+  ``B^T`` instead (same cost), or none at all when ``p'`` is the identity.
+
+The GEMM keeps ``matmul``'s output shape and ``out_dtype``, so FuseOps still fuses the epilogue.
+Other matmuls (an activation ``B[K, N]`` computed by a non-transpose op) are left alone; tc_gemm
+declines them (``K`` not contiguous) and dlight's rule schedules them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tvm_compat
+from .conv_gemm import LOW_TYPES, _static_shape
+
+
+def _permutation(call) -> list[int] | None:
+    """The axes of a static-shape ``permute_dims`` call, else None."""
+    if getattr(getattr(call, "op", None), "name", None) != "relax.permute_dims":
+        return None
+    shape = _static_shape(call.args[0])
+    if shape is None or len(shape) < 2:
+        return None
+    axes = call.attrs.axes
+    return list(range(len(shape)))[::-1] if axes is None else [int(a) for a in axes]
+
+
+def _out_dtype(call, x) -> str:
+    dt = str(call.attrs.out_dtype)
+    return dt if dt not in ("", "void") else x.ty.dtype
+
+
+def _gemm_nt(te, a, b, out_dtype):
+    """C[*lead, i, j] = sum_k A[*lead, i, k] * B[*blead, j, k], leading axes of B broadcast from
+    the right (a 2-D B is shared by every leading index)."""
+    a_shape = [int(d) for d in a.shape]
+    b_rank = len(b.shape)
+    k = a_shape[-1]
+    n = int(b.shape[-2])
+    r = te.reduce_axis((0, k), name="k")
+
+    def value(*ix):
+        lead, i, j = ix[:-2], ix[-2], ix[-1]
+        b_lead = lead[len(lead) - (b_rank - 2):] if b_rank > 2 else ()
+        return te.sum(a[(*lead, i, r)].astype(out_dtype) * b[(*b_lead, j, r)].astype(out_dtype),
+                      axis=r)
+
+    return te.compute((*a_shape[:-1], n), value, name="matmul_nt")
+
+
+def _nt_operands(call, lookup):
+    """(A, B_nt, kind) when ``call`` is a matmul this pass rewrites, else None. ``B_nt`` is a
+    Relax expression of shape [..., N, K]."""
+    relax = tvm_compat.relax()
+    if getattr(getattr(call, "op", None), "name", None) != "relax.matmul":
+        return None
+    a, b = call.args
+    a_shape, b_shape = _static_shape(a), _static_shape(b)
+    if a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) < 2:
+        return None
+    if a.ty.dtype not in LOW_TYPES or b.ty.dtype != a.ty.dtype:
+        return None
+    if isinstance(b, tvm_compat.tvm().ir.expr.Constant) and len(b_shape) == 2:
+        wt = np.ascontiguousarray(b.value.numpy().T)
+        return a, relax.const(wt, b.ty.dtype), "constant"
+    producer = lookup(b) if isinstance(b, relax.Var) else None
+    perm = _permutation(producer) if producer is not None else None
+    if perm is not None and len(perm) == len(a_shape) and b_shape[:-2] == a_shape[:-2]:
+        # B = permute(x, perm)  =>  B^T = permute(x, perm with its last two axes swapped)
+        src = producer.args[0]
+        perm_t = perm[:-2] + [perm[-1], perm[-2]]
+        if perm_t == list(range(len(perm))):
+            return a, src, "transposed"
+        return a, relax.op.permute_dims(src, perm_t), "transposed"
+    return None
+
+
+def _make_mutator():
+    relax = tvm_compat.relax()
+
+    @relax.expr_functor.mutator
+    class _MatmulToNT(relax.PyExprMutator):
+        def __init__(self, mod):
+            super().__init__(mod)
+            self.mod_ = mod
+            self.rewritten = {"constant": 0, "transposed": 0}
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            found = _nt_operands(call, self.lookup_binding)
+            if found is None:
+                return call
+            a, b_nt, kind = found
+            if isinstance(b_nt, relax.Call):
+                b_nt = self.builder_.emit(b_nt)
+            self.rewritten[kind] += 1
+            te = tvm_compat.tvm().te
+            out_dtype = _out_dtype(call, a)
+            return self.builder_.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), a, b_nt,
+                                         primfunc_name_hint="amp_matmul_nt")
+
+        def run(self):
+            for gv, func in self.mod_.functions.items():
+                if isinstance(func, relax.Function):
+                    self.builder_.update_func(gv, self.visit_expr(func))
+            return self.builder_.get()
+
+    return _MatmulToNT
+
+
+def matmul_to_nt(mod):
+    """``mod`` with eligible matmuls in NT form (module docstring) and a count per kind."""
+    relax = tvm_compat.relax()
+    mutator = _make_mutator()(mod)
+    new = mutator.run()
+    if not sum(mutator.rewritten.values()):
+        return mod, mutator.rewritten
+    entries = [gv.name_hint for gv, f in new.functions.items() if isinstance(f, relax.Function)]
+    return relax.transform.DeadCodeElimination(entries)(new), mutator.rewritten
+
+
+def matmul_to_nt_pass():
+    """:func:`matmul_to_nt` as a module pass (after precision conversion, before LegalizeOps)."""
+    tvm = tvm_compat.tvm()
+
+    @tvm.transform.module_pass(opt_level=0, name="AmpMatmulToNT")
+    def _pass(mod, _ctx):
+        return matmul_to_nt(mod)[0]
+
+    return _pass
