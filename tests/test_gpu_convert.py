@@ -51,3 +51,23 @@ def test_tensor_core_matmul_runs_on_gpu(tmp_path):
         print("matmul fp16 tensor-core:", conv.accuracy["worst"])
     finally:
         conv.cleanup()
+
+
+def test_bert_layer_on_amp_gemm_schedule_runs_on_gpu(tmp_path):
+    """An encoder layer with tensor-core-sized GEMMs (every GEMM on tc_gemm's cp.async schedule
+    after matmul_nt; the layer shape where bert-large hit cudaErrorMisalignedAddress before)."""
+    b = models.GraphBuilder(seed=4)
+    y = b.encoder_layer("x", batch=2, seq=128, hidden=256, heads=4, ffn=1024)
+    path = tmp_path / "layer.onnx"
+    onnx.save(b.model([("x", [2, 128, 256], "float32")], [(y, [2, 128, 256], "float32")]),
+              str(path))
+    cfg = amp_cli.ConvertConfig(target="cuda")
+    cfg.accuracy.samples = 2
+    conv = amp_cli.convert(amp_cli.load(path), cfg)
+    try:
+        assert conv.build.tensor_core_kernels >= 5
+        assert conv.accuracy["device"] == "cuda"
+        assert conv.accuracy["worst"]["rel_l2"] < TOL["fp16"], conv.accuracy["worst"]
+        print("bert layer fp16 on tc_gemm:", conv.accuracy["worst"])
+    finally:
+        conv.cleanup()

@@ -223,14 +223,16 @@ def test_pipeline_matches_tvm_default():
 
     stock = names("default")
     ours = names(cuda_tir_pipeline(_target("sm_90"), []))
-    wrappers = {"amp.LaneLegalize", "amp.CudaTIRPipeline", "amp.TypedAccessPtr", "_pipeline",
-                "sequential"}
+    wrappers = {"amp.LaneLegalize", "amp.CudaTIRPipeline", "amp.TypedAccessPtr",
+                "amp.SyncStridedAsyncCopy", "_pipeline", "sequential"}
     ours_wo = [n for n in ours if n not in wrappers]
     stock_wo = [n for n in stock if n not in wrappers]
     assert ours_wo == stock_wo
     i = ours.index("amp.LaneLegalize")
     assert ours[i - 1] == "tirx.VectorizeLoop"
     assert ours.count("amp.LaneLegalize") == 2  # + the safety net after LowerIntrin
+    j = ours.index("amp.SyncStridedAsyncCopy")
+    assert ours[j + 1] == "s_tir.InjectPTXAsyncCopy"
     assert ours[ours.index("tirx.LowerIntrin", i):].count("amp.LaneLegalize") >= 1
 
 
@@ -247,24 +249,30 @@ def test_records_are_plain_data():
 @pytest.mark.parametrize("kind", KINDS + EXTRA_KINDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lane_matrix_on_gpu(kind, dtype):
+    """Every lane count (and padded rows) of one kind/dtype, compiled as one module (one CUDA
+    compile per test instead of ~24), run and compared with numpy: copies and casts bit-exact."""
     arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "")
     dev = tvm.cuda(0)
-    for lanes in LANES:
-        for pad in {None, 16 if lanes <= 16 else None}:
-            ex = tvm.compile(make_kernel(kind, dtype, lanes, pad=pad), target=_target(arch),
-                             tir_pipeline=cuda_tir_pipeline(_target(arch), []))
-            args, expected = make_inputs(kind, dtype, lanes, pad)
-            targs = [tvm.runtime.tensor(a, dev) for a in args]
-            ex["main"](*targs)
-            dev.sync()
-            for i, exp in expected.items():
-                got = targs[i].numpy()
-                if kind in ("copy", "cast"):
-                    assert np.array_equal(_bits(got), _bits(exp)), (kind, dtype, lanes, pad, i)
-                else:
-                    tol = 1e-2 if dtype == "bfloat16" else 2e-3
-                    np.testing.assert_allclose(got.astype(np.float32), exp.astype(np.float32),
-                                               rtol=tol, atol=tol)
+    cases = [(lanes, pad) for lanes in LANES for pad in {None, 16 if lanes <= 16 else None}]
+    funcs = {}
+    for lanes, pad in cases:
+        name = f"k{lanes}_p{pad or 0}"
+        funcs[name] = make_kernel(kind, dtype, lanes, pad=pad).with_attr("global_symbol", name)
+    ex = tvm.compile(tvm.IRModule(funcs), target=_target(arch),
+                     tir_pipeline=cuda_tir_pipeline(_target(arch), []))
+    for lanes, pad in cases:
+        args, expected = make_inputs(kind, dtype, lanes, pad)
+        targs = [tvm.runtime.tensor(a, dev) for a in args]
+        ex[f"k{lanes}_p{pad or 0}"](*targs)
+        dev.sync()
+        for i, exp in expected.items():
+            got = targs[i].numpy()
+            if kind in ("copy", "cast"):
+                assert np.array_equal(_bits(got), _bits(exp)), (kind, dtype, lanes, pad, i)
+            else:
+                tol = 1e-2 if dtype == "bfloat16" else 2e-3
+                np.testing.assert_allclose(got.astype(np.float32), exp.astype(np.float32),
+                                           rtol=tol, atol=tol, err_msg=f"{lanes} lanes pad {pad}")
 
 
 # --------------------------------------------------------------------------- nvcc

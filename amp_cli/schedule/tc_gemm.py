@@ -9,8 +9,8 @@ BERT-large's GEMMs (docs/gpu-performance.md). Two things cost most:
 
 This rule schedules the same normalized GEMM ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (dlight's
 analysis does the normalization, so conv-as-GEMM, batched and transposed matmuls all reach it)
-with a :class:`TileConfig` chosen per shape by :func:`choose_config` (fewest waves, then larger
-warp tiles), loads global->shared with ``cp.async`` in a ``stages``-deep software pipeline
+with a :class:`TileConfig` chosen per shape by :func:`choose_config` (the largest tile whose grid
+fills the GPU), loads global->shared with ``cp.async`` in a ``stages``-deep software pipeline
 (``software_pipeline_async_stages``; the TIR pipeline turns on ``tirx.use_async_copy``), prefetches
 fragments one k-step ahead, and keeps the epilogue (bias, activation, cast, residual add) fused
 into the shared->global store. Tuning (``amp tune``) can still replace it per kernel.
@@ -70,14 +70,17 @@ class TileConfig:
                 f"_s{self.stages}")
 
 
-# Candidates the default heuristic picks from, largest warp tile first.
+# Candidates the default heuristic picks from, largest CTA tile first. 128x128 tiles with 8 warps
+# of 64x32 (2x4) measured slowest on every H200 shape of the sweep (docs/gpu-performance.md), so
+# the 128x128 tile uses 4 warps of 64x64 and a 4-deep pipeline (its best depth in the sweep).
 CANDIDATES = (
-    TileConfig(2, 4, 4, 2, 2, 3),   # 128x128x32, 8 warps of 64x32
-    TileConfig(2, 2, 4, 4, 2, 3),   # 128x128x32, 4 warps of 64x64
+    TileConfig(2, 2, 4, 4, 2, 4),   # 128x128x32, 4 warps of 64x64
     TileConfig(2, 2, 4, 2, 2, 3),   # 128x64x32, 4 warps of 64x32
     TileConfig(2, 2, 2, 4, 2, 3),   # 64x128x32, 4 warps of 32x64
     TileConfig(2, 2, 2, 2, 4, 3),   # 64x64x64, 4 warps of 32x32
 )
+# A tile is big enough to use when its grid fills this share of the SMs (one near-full wave).
+FULL_WAVE = 0.9
 
 
 def sm_count(sm: int) -> int:
@@ -94,34 +97,30 @@ def fitting(sm: int, in_bytes: int = 2, acc_bytes: int = 4) -> tuple:
     return tuple(c for c in CANDIDATES if c.shared_bytes(in_bytes, acc_bytes) <= smem_limit(sm))
 
 
-def waves(cfg: TileConfig, batch: int, m: int, n: int, sms: int) -> float:
-    ctas = batch * math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
-    return math.ceil(ctas / sms)
+def ctas(cfg: TileConfig, batch: int, m: int, n: int) -> int:
+    return batch * math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
 
 
 def choose_config(batch: int, m: int, n: int, k: int, sm: int,
                   acc_bytes: int = 4) -> TileConfig | None:
-    """Default tile for a GEMM: estimated time = waves x per-CTA work / warp-tile efficiency,
-    where padding to the tile counts as work. Ties go to the earlier (larger) candidate.
-    None when no candidate fits the arch's shared memory."""
+    """Default tile for a GEMM: the largest candidate whose grid still fills the GPU (at least
+    ``FULL_WAVE`` x SM count CTAs), else the one with the most CTAs; the pipeline is never deeper
+    than the K loop. Calibrated on the H200 sweep (benchmarks/gemm_sweep.py): it picks the best or
+    second-best (within 7%) tile on all 8 BERT-large / ResNet-50 shapes measured. None when no
+    candidate fits the arch's shared memory."""
+    import dataclasses
+
     sms = sm_count(sm)
     options = fitting(sm, 2, acc_bytes)
     if not options:
         return None
-
-    def cost(cfg: TileConfig) -> float:
-        ctas = batch * math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
-        # one CTA per SM at a time for the 128-wide tiles, two for the small ones (smem/regs)
-        per_sm = 1 if cfg.bm * cfg.bn >= 128 * 128 else 2
-        rounds = math.ceil(ctas / (sms * per_sm))
-        k_steps = math.ceil(k / cfg.bk)
-        # MMA work of a CTA, discounted by how well a warp tile reuses its fragments
-        wm, wn = cfg.frags_m, cfg.frags_n
-        reuse = (wm * wn) / (wm + wn)           # MMAs per fragment load
-        eff = min(1.0, reuse / 2.0)             # 64x64 and 64x32 warp tiles: ~full speed
-        return rounds * k_steps * cfg.bm * cfg.bn / (eff * per_sm)
-
-    return min(options, key=cost)
+    cfg = next((c for c in options if ctas(c, batch, m, n) >= FULL_WAVE * sms), None)
+    if cfg is None:
+        cfg = max(options, key=lambda c: ctas(c, batch, m, n))
+    k_steps = math.ceil(k / cfg.bk)
+    if cfg.stages > k_steps:
+        cfg = dataclasses.replace(cfg, stages=max(1, k_steps))
+    return cfg
 
 
 def _intrinsics(in_dtype: str, acc_dtype: str) -> dict | None:
