@@ -271,6 +271,7 @@ def open_database(db_dir: str | Path, create: bool = False):
         raise TuneError(f"{path} holds no tuning database ({WORKLOAD_FILE} is missing); "
                         f"write one with `amp tune ... --db {path}`")
     repair_database(path)
+    tvm_compat.register_tensor_intrinsics()  # records name them (tensor-core schedules)
     try:
         return ms.database.JSONDatabase(work_dir=str(path), allow_missing=create)
     except Exception as exc:  # noqa: BLE001 - TVM's reader

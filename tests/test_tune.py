@@ -238,3 +238,36 @@ def test_rpc_tracker_unreachable_is_one_line_error(tiny, tmp_path):
                 "--rpc-tracker", f"127.0.0.1:{_free_port()}", "--rpc-key", "nobody"])
     assert res.exit_code == 1
     assert "amp: error:" in res.output and "RPC tracker" in res.output
+
+
+def test_database_with_tensor_core_records_opens_in_a_fresh_process(tmp_path):
+    """Records of tensor-core schedules name their tensor intrinsics (``wmma_fill_16x16x16_f32``
+    ...), which exist only once ``tvm.s_tir.tensor_intrin`` is imported. The build that applies a
+    database runs in a fresh (isolated) process; it must register them before reading, or TVM
+    raises "TensorIntrin 'wmma_fill_16x16x16_f32' is not registered" (seen on the H200 after an
+    `amp tune` of a BERT layer). The record here is amp's own wmma schedule of a GEMM."""
+    import tvm
+    from tvm import te
+
+    from amp_cli import tvm_compat
+    from amp_cli.schedule import tc_gemm
+
+    a = te.placeholder((256, 256), "float16", name="A")
+    b = te.placeholder((256, 256), "float16", name="B")
+    r = te.reduce_axis((0, 256), name="k")
+    c = te.compute((256, 256), lambda i, j: te.sum(
+        a[i, r].astype("float32") * b[j, r].astype("float32"), axis=r), name="C")
+    func = te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
+    sch = tc_gemm.schedule_gemm(func, "float16", "float32", 1, [256, 256, 256], 90)
+    assert "wmma_fill" in str(sch.trace)
+    ms = tvm_compat.meta_schedule()
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path), allow_missing=True)
+    wl = db.commit_workload(tvm.IRModule({"main": func}))
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, [1e-5], target, None))
+    code = ("import sys; from amp_cli.tune import open_database; "
+            "print('records', len(open_database(sys.argv[1])))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, cwd=str(Path(__file__).parent.parent))
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "records 1" in proc.stdout
