@@ -271,7 +271,9 @@ def open_database(db_dir: str | Path, create: bool = False):
         raise TuneError(f"{path} holds no tuning database ({WORKLOAD_FILE} is missing); "
                         f"write one with `amp tune ... --db {path}`")
     repair_database(path)
-    tvm_compat.register_tensor_intrinsics()  # records name them (tensor-core schedules)
+    from .schedule.tensorcore import register_tensor_intrinsics
+
+    register_tensor_intrinsics()  # records name them (tensor-core schedules)
     try:
         return ms.database.JSONDatabase(work_dir=str(path), allow_missing=create)
     except Exception as exc:  # noqa: BLE001 - TVM's reader
@@ -387,7 +389,9 @@ def build_candidate(mod, target, _params=None):
     if target.kind.name == "cuda":
         # tensor-core intrinsics (what MetaSchedule's default builder imports; ~30 s of CPU per
         # worker, so only where tensor-core traces can occur)
-        import tvm.s_tir.tensor_intrin  # noqa: F401
+        from .schedule.tensorcore import register_tensor_intrinsics
+
+        register_tensor_intrinsics()
         if not _CUDA_PIPELINE:  # one registration per worker process
             from .legalize import cuda_tir_pipeline
 

@@ -233,19 +233,6 @@ def analyzer():
     return Analyzer()
 
 
-def register_tensor_intrinsics() -> None:
-    """Register TVM's tensor intrinsics (wmma, mma, ...) and amp's bf16 wmma ones. Schedules and
-    tuning records refer to them by name, so a process must do this before it reads records."""
-    import importlib
-
-    tvm()
-    importlib.import_module("tvm.s_tir.tensor_intrin")  # registers on import
-
-    from .schedule.tensorcore import register_bf16_wmma
-
-    register_bf16_wmma()
-
-
 def buffer_load_class():
     """The class of TIR buffer loads (0.27: ``tvm.ir.TensorLoad``; ``tirx.BufferLoad`` is only a
     constructor function). Its ``source`` is the buffer (a buffer-typed Var)."""

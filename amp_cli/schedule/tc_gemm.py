@@ -19,6 +19,7 @@ All schedule primitives used are TVM's; the TVM-version-specific imports go thro
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -108,8 +109,6 @@ def choose_config(batch: int, m: int, n: int, k: int, sm: int,
     than the K loop. Calibrated on the H200 sweep (benchmarks/gemm_sweep.py): it picks the best or
     second-best (within 7%) tile on all 8 BERT-large / ResNet-50 shapes measured. None when no
     candidate fits the arch's shared memory."""
-    import dataclasses
-
     sms = sm_count(sm)
     options = fitting(sm, 2, acc_bytes)
     if not options:

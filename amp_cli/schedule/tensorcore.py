@@ -58,6 +58,17 @@ def register_bf16_wmma() -> dict:
 
 
 @contextlib.contextmanager
+@functools.lru_cache(maxsize=None)  # once per process
+def register_tensor_intrinsics() -> None:
+    """Register TVM's tensor intrinsics (wmma, mma, ...) and amp's bf16 wmma ones. Schedules and
+    tuning records refer to them by name, so a process must do this before it reads records or
+    builds tensor-core candidates."""
+    tvm_compat.tvm()
+    import tvm.s_tir.tensor_intrin  # noqa: F401 - registers on import
+
+    register_bf16_wmma()
+
+
 def _bf16_intrinsics():
     """While active, MatmulTensorization's f16 intrinsic lookups return the bf16 group (it imports
     ``get_wmma_intrin_group`` from the module at call time)."""
