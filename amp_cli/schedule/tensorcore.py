@@ -57,7 +57,6 @@ def register_bf16_wmma() -> dict:
     return group
 
 
-@contextlib.contextmanager
 @functools.lru_cache(maxsize=None)  # once per process
 def register_tensor_intrinsics() -> None:
     """Register TVM's tensor intrinsics (wmma, mma, ...) and amp's bf16 wmma ones. Schedules and
@@ -69,6 +68,7 @@ def register_tensor_intrinsics() -> None:
     register_bf16_wmma()
 
 
+@contextlib.contextmanager
 def _bf16_intrinsics():
     """While active, MatmulTensorization's f16 intrinsic lookups return the bf16 group (it imports
     ``get_wmma_intrin_group`` from the module at call time)."""
