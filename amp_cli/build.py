@@ -36,17 +36,24 @@ class BuildResult:
         return dataclasses.asdict(self)
 
 
-def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None):
-    """The whole Relax pipeline (a Pass) amp uses for `target`."""
+def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=None,
+                   extra_schedule_passes=()):
+    """The whole Relax pipeline (a Pass) amp uses for `target`. ``cuda``: a
+    ``config.CudaConfig`` (CUDA graphs, conv-as-GEMM; None = defaults). Tuning records, then
+    ``extra_schedule_passes``, run before amp's default schedules."""
     extra = []
     if tuning_db:
         from .tune import apply_database_passes
 
         extra = apply_database_passes(tuning_db, target)
+    extra = [*extra, *extra_schedule_passes]
     if target.is_cuda:
+        from .config import CudaConfig
         from .schedule.cuda import cuda_relax_pipeline
 
-        return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)
+        cuda = cuda or CudaConfig()
+        return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
+                                   conv_as_gemm=cuda.conv_as_gemm, cuda_graph=cuda.cuda_graph)
     from .schedule.cpu import cpu_relax_pipeline
 
     return cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)
@@ -60,13 +67,14 @@ def tir_pipeline(target: ResolvedTarget, records: list):
     return "default"
 
 
-def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None) -> BuildResult:
+def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
+             cuda=None) -> BuildResult:
     tvm = tvm_compat.tvm()
     start = time.perf_counter()
     tgt = target.tvm_target()
     note_step("relax pipeline")
     with tgt:
-        lowered = relax_pipeline(target, tuning_db)(mod)
+        lowered = relax_pipeline(target, tuning_db, cuda)(mod)
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
                      if isinstance(f, tvm_compat.prim_func_class()))
     note_step("codegen")
@@ -94,11 +102,12 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None) 
 
 
 def build(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None = None,
-          isolate: bool = True) -> BuildResult:
-    """Compile `mod` for `target` into `out_path` (a .so). Crashes become BuildError."""
+          isolate: bool = True, cuda=None) -> BuildResult:
+    """Compile `mod` for `target` into `out_path` (a .so). Crashes become BuildError.
+    ``cuda``: a ``config.CudaConfig`` for CUDA targets (None: defaults)."""
     stage = f"build {target.describe()}"
     try:
-        return run_isolated(_compile, mod, target, out_path, tuning_db, stage=stage,
+        return run_isolated(_compile, mod, target, out_path, tuning_db, cuda, stage=stage,
                             isolate=isolate)
     except BuildError:
         raise

@@ -165,8 +165,17 @@ def convert_options(f):
     return f
 
 
+def cuda_graph_option(f):
+    """``--cuda-graph/--no-cuda-graph`` (convert, bench): the YAML key ``cuda.cuda_graph``."""
+    return click.option(
+        "--cuda-graph/--no-cuda-graph", "cuda_graph", default=None,
+        help="CUDA targets: capture the static middle of the model into one CUDA graph at its "
+             "first run, replayed after (removes launch gaps) [default: on]. Off to profile "
+             "per kernel, or when other threads launch CUDA work during that first run.")(f)
+
+
 def build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
-                 exclude_ops, exclude_nodes, tuning_db=None):
+                 exclude_ops, exclude_nodes, tuning_db=None, cuda_graph=None):
     from .config import ConvertConfig, apply_yaml, parse_input_shape, read_yaml, validate
 
     cfg = ConvertConfig()
@@ -188,6 +197,8 @@ def build_config(target, precision, accumulate, config_file, input_shapes, keep_
     p.policy.exclude_nodes = list(p.policy.exclude_nodes) + list(exclude_nodes)
     if tuning_db:
         cfg.tuning_db = tuning_db
+    if cuda_graph is not None:
+        cfg.cuda.cuda_graph = cuda_graph
     validate(cfg)
     return cfg
 
@@ -246,13 +257,14 @@ def apply_auto_precision(cfg, auto_precision=None, tolerance=None, calibration=N
               help="Apply tuning records written by `amp tune`.")
 @click.option("--force", is_flag=True, help="Overwrite OUTDIR if it exists.")
 @click.option("--no-accuracy", is_flag=True, help="Skip the accuracy check.")
+@cuda_graph_option
 @click.option("--threads", type=int, default=None,
               help="CPU threads for llvm runs (default: TVM_NUM_THREADS or all cores).")
 @auto_precision_options
 @_debug_option
 def convert(model, outdir, target, precision, accumulate, config_file, input_shapes,
-            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy, threads,
-            **auto_opts):
+            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy, cuda_graph,
+            threads, **auto_opts):
     """Convert MODEL (.onnx, .pt2, or pkg.module:factory) to a mixed-precision library.
 
     \b
@@ -267,7 +279,7 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
     from .load import load as api_load
 
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
-                       exclude_ops, exclude_nodes, tuning_db)
+                       exclude_ops, exclude_nodes, tuning_db, cuda_graph)
     cfg.check_accuracy = not no_accuracy
     cfg.threads = threads
     apply_auto_precision(cfg, **auto_opts)
@@ -294,7 +306,8 @@ def summary_line(report: dict, out) -> str:
              f"{len(p['kept_fp32'])} kept in fp32, {p['casts_inserted']} casts"]
     if report["target"].get("kind") == "cuda":
         parts.append(f"  cuda {report['target'].get('arch')}: {b['tensor_core_kernels']} "
-                     f"tensor-core kernels, {len(b['legalized'])} kernels lane-legalized")
+                     f"tensor-core kernels, "
+                     f"{len({r.get('kernel') for r in b['legalized']})} kernels legalized")
     if a:
         w = {k: float(v) for k, v in a["worst"].items()}  # the report has inf/nan as strings
         parts.append(f"  accuracy on {a['device']} vs fp32 reference: rel L2 {w['rel_l2']:.3g}, "

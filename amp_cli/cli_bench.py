@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import click
 
-from .cli import EPILOG, _debug_option, _progress_bar, build_config, convert_options
+from .cli import (EPILOG, _debug_option, _progress_bar, build_config, convert_options,
+                  cuda_graph_option)
 
 # convert options that only mean something when bench converts a model itself
 _MODEL_ONLY = {"target": "--target", "precision": "--precision", "accumulate": "--accumulate",
                "config_file": "--config", "input_shapes": "--input-shape",
                "keep_io_types": "--keep-io-types", "exclude_ops": "--exclude-op",
-               "exclude_nodes": "--exclude-node", "tuning_db": "--tuning-db"}
+               "exclude_nodes": "--exclude-node", "tuning_db": "--tuning-db",
+               "cuda_graph": "--cuda-graph/--no-cuda-graph"}
 
 
 def _compare_list(_ctx, _param, value):
@@ -30,6 +32,7 @@ def _compare_list(_ctx, _param, value):
 @convert_options
 @click.option("--tuning-db", type=click.Path(file_okay=False),
               help="Apply tuning records when converting a model.")
+@cuda_graph_option
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True,
               help="Untimed calls before timing.")
 @click.option("--repeat", type=click.IntRange(min=1), default=50, show_default=True,
@@ -57,7 +60,7 @@ def _compare_list(_ctx, _param, value):
 @_debug_option
 @click.pass_context
 def bench(ctx, target_or_model, target, precision, accumulate, config_file, input_shapes,
-          keep_io_types, exclude_ops, exclude_nodes, tuning_db, warmup, repeat, number, compare,
+          keep_io_types, exclude_ops, exclude_nodes, tuning_db, cuda_graph, warmup, repeat, number, compare,
           inputs_npz, seed, json_out, plot_out, max_latency_ratio, max_rel_error, threads):
     """Time and check TARGET_OR_MODEL: an OUTDIR written by `amp convert`, or a model
     (.onnx, .pt2, pkg.module:factory), converted first with the convert options.
@@ -93,7 +96,8 @@ def bench(ctx, target_or_model, target, precision, accumulate, config_file, inpu
                               f"model (e.g. amp bench model.onnx --target llvm)")
     else:
         convert_cfg = build_config(target, precision, accumulate, config_file, input_shapes,
-                                   keep_io_types, exclude_ops, exclude_nodes, tuning_db)
+                                   keep_io_types, exclude_ops, exclude_nodes, tuning_db,
+                                   cuda_graph)
     if plot_out:
         require_matplotlib()
     total = 4 + 2 * ("fp32" in compare or max_latency_ratio is not None) + \

@@ -83,6 +83,14 @@ class AutoPrecisionConfig:
 
 
 @dataclass
+class CudaConfig:
+    """Graph-level choices of amp's CUDA pipeline (docs/gpu-performance.md)."""
+
+    cuda_graph: bool = True  # capture the static middle of the model into one CUDA graph
+    conv_as_gemm: bool = True  # fp16/bf16 convolutions as NHWC tensor-core GEMMs
+
+
+@dataclass
 class ConvertConfig:
     target: str = "cuda"
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -93,6 +101,7 @@ class ConvertConfig:
     check_accuracy: bool = True
     threads: int | None = None  # CPU threads for the llvm runs (TVM_NUM_THREADS)
     auto_precision: AutoPrecisionConfig = field(default_factory=AutoPrecisionConfig)
+    cuda: CudaConfig = field(default_factory=CudaConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

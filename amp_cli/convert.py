@@ -166,7 +166,7 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
     try:
         step("build")
         result = build(mod, target, os.path.join(staging, "model.so"), cfg.tuning_db,
-                       isolate=isolate)
+                       isolate=isolate, cuda=cfg.cuda)
         accuracy = {}
         if cfg.check_accuracy:
             if target.is_cuda and tvm_compat.has_cuda_device():

@@ -138,13 +138,19 @@ def render_markdown(r: dict) -> str:
               f"- {len(b['kernels'])} kernels, {_fmt(b['seconds'])} s, library "
               f"{b['size_bytes']:,} bytes"]
     if tgt.get("kind") == "cuda":
-        lines.append(f"- tensor-core kernels: {b['tensor_core_kernels']}")
+        cuda = r["config"].get("cuda") or {}
+        onoff = {True: "on", False: "off"}
+        lines.append(f"- tensor-core kernels: {b['tensor_core_kernels']}; CUDA graphs "
+                     f"{onoff.get(cuda.get('cuda_graph'), '?')}, convolutions as GEMMs "
+                     f"{onoff.get(cuda.get('conv_as_gemm'), '?')}")
         if b["legalized"]:
-            lines += ["- lane legalizer rewrote:"]
+            lines += ["- CUDA legalization (lane legalizer, strided cp.async guard) rewrote:"]
             for rec in b["legalized"]:
-                lines.append(f"  - `{rec.get('kernel')}`: {', '.join(rec.get('rewrites', []))}")
+                guard = "InjectPTXAsyncCopy" in str(rec.get("stage", ""))
+                lines.append(f"  - `{rec.get('kernel')}`: {', '.join(rec.get('rewrites', []))}"
+                             + (" (TVM's cp.async ignores a copy's stride)" if guard else ""))
         else:
-            lines.append("- lane legalizer: no kernel needed a rewrite")
+            lines.append("- CUDA legalization: no kernel needed a rewrite")
     sched = b.get("schedule") or {}
     if sched:
         lines.append(f"- schedules: {sched.get('tuned', 0)} tuned, {sched.get('default', 0)} "

@@ -501,16 +501,10 @@ def fused_module(model, cfg, target):
         captured["mod"] = m
         raise _Captured()  # stop the pipeline here (TVM re-raises it as a RuntimeError)
 
-    tgt = target.tvm_target()
-    with tgt:
-        if target.is_cuda:
-            from .schedule.cuda import cuda_relax_pipeline
+    from .build import relax_pipeline
 
-            pipeline = cuda_relax_pipeline(tgt, extra_schedule_passes=[_capture])
-        else:
-            from .schedule.cpu import cpu_relax_pipeline
-
-            pipeline = cpu_relax_pipeline(tgt, extra_schedule_passes=[_capture])
+    with target.tvm_target():
+        pipeline = relax_pipeline(target, cuda=cfg.cuda, extra_schedule_passes=[_capture])
         try:
             pipeline(mod)
         except Exception:  # noqa: BLE001 - the capture's stop, or a real error

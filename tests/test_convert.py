@@ -121,6 +121,44 @@ def test_bf16_really_emits_bf16_cuda(model_files):
     assert "nv_bfloat16" in tvm_compat.cuda_source(ex)
 
 
+def test_cuda_config_switches_graphs_and_conv_gemm(model_files):
+    """``cuda.cuda_graph`` / ``cuda.conv_as_gemm`` reach amp's CUDA Relax pipeline: on by
+    default (a capture function, conv GEMM kernels), and each can be turned off alone."""
+    from amp_cli import build as build_mod
+    from amp_cli.config import CudaConfig
+    from amp_cli.precision import convert_precision
+    from amp_cli.target import resolve_target
+
+    loaded = amp_cli.load(model_files["tiny_cnn"], input_shapes={"input": [1, 3, 32, 32]})
+    mod, _ = convert_precision(loaded.mod, amp_cli.ConvertConfig().precision, loaded.node_types)
+    target = resolve_target("cuda:sm_90")
+
+    def names(cuda):
+        with target.tvm_target():
+            lowered = build_mod.relax_pipeline(target, cuda=cuda)(mod)
+        return {gv.name_hint for gv in lowered.get_global_vars()}
+
+    default = names(None)
+    assert any(n.endswith("cuda_graph_capture") for n in default), sorted(default)
+    assert any("conv_gemm" in n for n in default), sorted(default)
+    no_graph = names(CudaConfig(cuda_graph=False))
+    assert not any("cuda_graph" in n for n in no_graph)
+    assert any("conv_gemm" in n for n in no_graph)
+    no_gemm = names(CudaConfig(conv_as_gemm=False))
+    assert not any("conv_gemm" in n for n in no_gemm)
+    assert any("conv2d" in n for n in no_gemm), sorted(no_gemm)
+
+
+def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
+    out = tmp_path / "o"
+    res = _runner().invoke(main, ["convert", str(model_files["tiny_bert"]), "-o", str(out),
+                                  "--target", "cuda:sm_90", "--no-cuda-graph", "--no-accuracy"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["cuda"] == {"cuda_graph": False, "conv_as_gemm": True}
+    assert "CUDA graphs off, convolutions as GEMMs on" in (out / "report.md").read_text()
+
+
 def test_cuda_without_gpu_checks_accuracy_on_cpu(model_files, tmp_path):
     from amp_cli import tvm_compat
 

@@ -42,10 +42,11 @@ def gemm(m, n, k, dtype="float16", acc="float32", bias=False, relu=False, batch=
     return te.create_prim_func(args + [d]).with_attr("global_symbol", "main")
 
 
-def build(sch_func, arch, **pipeline):
+def build(sch_func, arch, records=None, **pipeline):
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    records = [] if records is None else records
     return tvm.compile(tvm.IRModule({"main": sch_func}), target=target,
-                       tir_pipeline=cuda_tir_pipeline(target, [], **pipeline))
+                       tir_pipeline=cuda_tir_pipeline(target, records, **pipeline))
 
 
 def own(func, arch="sm_90", cfg=None):
@@ -111,17 +112,22 @@ def test_guard_keeps_strided_copies_out_of_cp_async():
     """TVM 0.27's InjectPTXAsyncCopy turns a strided vector copy into one cp.async from the
     ramp's base (wrong data; cudaErrorMisalignedAddress on the H200). Forced into amp's schedule,
     such a copy of B reaches cp.async without amp's guard and stays a plain copy with it, while
-    A's contiguous copy keeps its cp.async."""
+    A's contiguous copy keeps its cp.async; the guard's record (what the convert report lists)
+    names the kernel."""
     func = _strided_b_schedule()
 
     def async_copies(src, operand):
         return sum(1 for line in src.splitlines()
                    if "ptx_cp_async_" in line and f"{operand}_ptr" in line)
 
-    stock = tvm_compat.cuda_source(build(func, "sm_90", async_guard=False))
-    guarded = tvm_compat.cuda_source(build(func, "sm_90"))
+    stock_records, records = [], []
+    stock = tvm_compat.cuda_source(build(func, "sm_90", stock_records, async_guard=False))
+    guarded = tvm_compat.cuda_source(build(func, "sm_90", records))
     assert async_copies(stock, "B") > 0 and async_copies(stock, "A") > 0
     assert async_copies(guarded, "B") == 0 and async_copies(guarded, "A") > 0
+    guard = [r for r in records if "InjectPTXAsyncCopy" in r.stage]
+    assert len(guard) == 1 and "strided" in guard[0].rewrites[0], [r.to_dict() for r in records]
+    assert not any("InjectPTXAsyncCopy" in r.stage for r in stock_records)
 
 
 def test_contiguous_vec_reads_the_copy_blocks():

@@ -44,8 +44,10 @@ def _has_strided_copy(stmt) -> bool:
     return bool(found)
 
 
-def fix_func(func, counter: list | None = None):
-    """``func`` with ``async_scope`` removed around strided copies (or unchanged)."""
+def fix_func(func, records: list | None = None):
+    """``func`` with ``async_scope`` removed around strided copies (or unchanged). When it
+    changes, a ``LegalizeRecord`` naming the kernel is appended to ``records`` (the list the
+    lane legalizer fills, which the convert report prints)."""
     T = tvm_compat.tirx()
     dropped = []
 
@@ -58,12 +60,17 @@ def fix_func(func, counter: list | None = None):
     body = tvm_compat.structural_mutate(func.body, [(T.AttrStmt, on_attr)])
     if not dropped:
         return func
-    if counter is not None:
-        counter.append(len(dropped))
+    if records is not None:
+        from . import LegalizeRecord
+
+        name = func.attrs.get("global_symbol", None) if func.attrs is not None else None
+        records.append(LegalizeRecord(
+            str(name) if name is not None else "?",
+            [f"{len(dropped)} cp.async scope(s) with strided copies made synchronous"],
+            stage=f"before InjectPTXAsyncCopy ({PASS_NAME})"))
     return func.with_body(body)
 
 
-def sync_strided_async_copy_pass(counter: list | None = None):
-    """A PrimFunc pass applying :func:`fix_func`; ``counter`` (a list) collects, per kernel
-    changed, how many async scopes were made synchronous."""
-    return tvm_compat.prim_func_pass(lambda f, _m, _c: fix_func(f, counter), PASS_NAME)
+def sync_strided_async_copy_pass(records: list | None = None):
+    """A PrimFunc pass applying :func:`fix_func` (records: see there)."""
+    return tvm_compat.prim_func_pass(lambda f, _m, _c: fix_func(f, records), PASS_NAME)

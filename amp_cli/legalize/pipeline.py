@@ -137,7 +137,7 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
             legal = lane_legalize_pass(records, stage="after VectorizeLoop", only_cuda=only_cuda) if legalize else None
             # + the access-pointer dtype fix for TVM 0.27's StorageRewrite (access_ptr.py)
             # + the strided-cp.async guard (async_copy.py)
-            guard = sync_strided_async_copy_pass() if async_guard else None
+            guard = sync_strided_async_copy_pass(records) if async_guard else None
             passes = _s_tir_main_passes(config, legal, guard)
             if typed_access_ptr:
                 passes.append(typed_access_ptr_pass())
