@@ -31,16 +31,18 @@ class BuildResult:
     tensor_core_kernels: int = 0
     cuda_source_bytes: int = 0
     schedule: dict = field(default_factory=dict)  # tuned / default counts, per kernel info
+    rule_failures: list[dict] = field(default_factory=list)  # CUDA schedule rules that raised
 
     def to_dict(self):
         return dataclasses.asdict(self)
 
 
 def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=None,
-                   extra_schedule_passes=()):
+                   extra_schedule_passes=(), rule_failures: list | None = None):
     """The whole Relax pipeline (a Pass) amp uses for `target`. ``cuda``: a
     ``config.CudaConfig`` (CUDA graphs, conv-as-GEMM; None = defaults). Tuning records, then
-    ``extra_schedule_passes``, run before amp's default schedules."""
+    ``extra_schedule_passes``, run before amp's default schedules; ``rule_failures`` collects
+    the CUDA schedule rules that raised on a kernel (the next rule scheduled it)."""
     extra = []
     if tuning_db:
         from .tune import apply_database_passes
@@ -53,7 +55,8 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=No
 
         cuda = cuda or CudaConfig()
         return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
-                                   conv_as_gemm=cuda.conv_as_gemm, cuda_graph=cuda.cuda_graph)
+                                   conv_as_gemm=cuda.conv_as_gemm, cuda_graph=cuda.cuda_graph,
+                                   rule_failures=rule_failures)
     from .schedule.cpu import cpu_relax_pipeline
 
     return cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)
@@ -74,7 +77,8 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
     tgt = target.tvm_target()
     note_step("relax pipeline")
     with tgt:
-        lowered = relax_pipeline(target, tuning_db, cuda)(mod)
+        failures: list = []
+        lowered = relax_pipeline(target, tuning_db, cuda, rule_failures=failures)(mod)
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
                      if isinstance(f, tvm_compat.prim_func_class()))
     note_step("codegen")
@@ -98,7 +102,7 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
         target=target.spec, library=out_path, seconds=time.perf_counter() - start,
         size_bytes=os.path.getsize(out_path), kernels=kernels,
         legalized=[r.to_dict() for r in records], tensor_core_kernels=tc,
-        cuda_source_bytes=len(src), schedule=schedule)
+        cuda_source_bytes=len(src), schedule=schedule, rule_failures=failures)
 
 
 def build(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None = None,

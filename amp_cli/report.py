@@ -151,6 +151,10 @@ def render_markdown(r: dict) -> str:
                              + (" (TVM's cp.async ignores a copy's stride)" if guard else ""))
         else:
             lines.append("- CUDA legalization: no kernel needed a rewrite")
+    if b.get("rule_failures"):
+        lines.append("- schedule rules that raised on a kernel (the next rule scheduled it):")
+        for f in b["rule_failures"]:
+            lines.append(f"  - `{f['kernel']}`: {f['rule']}: {f['error']}")
     sched = b.get("schedule") or {}
     if sched:
         lines.append(f"- schedules: {sched.get('tuned', 0)} tuned, {sched.get('default', 0)} "

@@ -21,12 +21,14 @@ from .. import tvm_compat
 CUDA_GRAPH_CONFIG = "relax.backend.use_cuda_graph"
 
 
-def _fallible(rule):
+def _fallible(rule, failures: list | None = None):
     """dlight applies rules in order and stops at the first that returns a schedule, but a rule
     that *raises* on a kernel it mis-matched (GEMV's assert on a 1-channel conv GEMM, Reduction's
     rfactor on a reduce-to-scalar: found by tests/test_fuzz.py) aborts the whole build. Wrapped,
     such a rule counts as not applicable and the next one gets the kernel. Rules schedule a fresh
-    copy of the PrimFunc, so a failed attempt leaves nothing behind."""
+    copy of the PrimFunc, so a failed attempt leaves nothing behind. Each failure is appended
+    to ``failures`` as {rule, kernel, error} (the build report lists them), so a rule that
+    breaks is visible instead of silently handing its kernels to a slower rule."""
     dl = tvm_compat.dlight()
 
     class Fallible(dl.ScheduleRule):
@@ -37,8 +39,15 @@ def _fallible(rule):
         def apply(self, func, target, tunable):
             try:
                 return self.rule.apply(func, target, tunable)
-            except Exception:  # noqa: BLE001 - any rule bug means "not this rule"
+            except Exception as exc:  # noqa: BLE001 - any rule bug means "not this rule"
                 self.failures += 1
+                if failures is not None:
+                    name = func.attrs.get(KERNEL_NAME_ATTR, None) if func.attrs else None
+                    lines = str(exc).strip().splitlines()
+                    failures.append({"rule": type(self.rule).__name__,
+                                     "kernel": str(name) if name is not None else "?",
+                                     "error": f"{type(exc).__name__}: "
+                                              f"{lines[-1] if lines else ''}"[:200]})
                 return None
 
         def __repr__(self):
@@ -47,15 +56,41 @@ def _fallible(rule):
     return Fallible()
 
 
-def cuda_schedule_passes(target) -> list:
+KERNEL_NAME_ATTR = "amp.kernel"
+
+
+def _name_kernels():
+    """Give each PrimFunc its global name as an attribute (``_fallible``'s records name the
+    kernel; dlight hands rules the function only). Runs after the tuning-record passes, so the
+    functions they match against the records are unchanged."""
+    tvm = tvm_compat.tvm()
+
+    @tvm.transform.module_pass(opt_level=0, name="AmpNameKernels")
+    def _pass(mod, _ctx):
+        updates = {gv: f.with_attr(KERNEL_NAME_ATTR, gv.name_hint)
+                   for gv, f in mod.functions_items()
+                   if isinstance(f, tvm_compat.prim_func_class())}
+        if not updates:
+            return mod
+        out = mod.clone()
+        for gv, f in updates.items():
+            out[gv] = f
+        return out
+
+    return _pass
+
+
+def cuda_schedule_passes(target, rule_failures: list | None = None) -> list:
     from .tensorcore import AmpMatmul
 
     dl = tvm_compat.dlight()
-    return [dl.ApplyDefaultSchedule(
-        _fallible(AmpMatmul()),
-        _fallible(dl.gpu.GEMV()),
-        _fallible(dl.gpu.Reduction()),
-        _fallible(dl.gpu.GeneralReduction()),
+    f = rule_failures
+    named = [_name_kernels()] if rule_failures is not None else []
+    return named + [dl.ApplyDefaultSchedule(
+        _fallible(AmpMatmul(), f),
+        _fallible(dl.gpu.GEMV(), f),
+        _fallible(dl.gpu.Reduction(), f),
+        _fallible(dl.gpu.GeneralReduction(), f),
         dl.gpu.Fallback(),  # last resort: its errors are real errors
     )]
 
@@ -66,11 +101,13 @@ def cuda_graph_config(enabled: bool = True) -> dict:
     return {CUDA_GRAPH_CONFIG: bool(enabled)}
 
 
-def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, cuda_graph=True):
+def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, cuda_graph=True,
+                        rule_failures: list | None = None):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
     cuda_graph: capture the static part of the model into a CUDA graph at the first run.
+    rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
     tvm = tvm_compat.tvm()
@@ -97,7 +134,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                    relax.transform.FoldConstant(), relax.transform.FuseOps(),
                    relax.transform.FuseTIR()]
                 + list(extra_schedule_passes or [])
-                + cuda_schedule_passes(target)
+                + cuda_schedule_passes(target, rule_failures)
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target))
             return seq(mod)
