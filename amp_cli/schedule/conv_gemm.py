@@ -23,6 +23,7 @@ Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/
 from __future__ import annotations
 
 from .. import tvm_compat
+from .rewrite import module_pass, rewrite_calls
 
 LOW_TYPES = ("float16", "bfloat16")
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
@@ -132,32 +133,6 @@ def _rewrite_conv(bb, call):
                       primfunc_name_hint="amp_conv_gemm")
 
 
-def _make_mutator():
-    relax = tvm_compat.relax()
-
-    @relax.expr_functor.mutator
-    class _ConvToGemm(relax.PyExprMutator):
-        def __init__(self, mod):
-            super().__init__(mod)
-            self.mod_ = mod
-            self.rewritten = 0
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if _is_candidate(call, want_layout="NHWC"):
-                self.rewritten += 1
-                return _rewrite_conv(self.builder_, call)
-            return call
-
-        def run(self):
-            for gv, func in self.mod_.functions.items():
-                if isinstance(func, relax.Function):
-                    self.builder_.update_func(gv, self.visit_expr(func))
-            return self.builder_.get()
-
-    return _ConvToGemm
-
-
 def conv_to_gemm(mod):
     """Return ``mod`` with eligible conv2d calls in GEMM form (see the module docstring); a module
     without any is returned unchanged (no layout change)."""
@@ -165,20 +140,16 @@ def conv_to_gemm(mod):
     if not count_gemm_convs(mod):
         return mod
     mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
-    mod = _make_mutator()(mod).run()
-    # The rewrite leaves reshapes/layout transforms of constant weights: fold them now so the
-    # GEMM's B operand is a plain constant before FuseOps groups kernels.
-    mod = relax.transform.FoldConstant()(mod)
-    entries = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
-    return relax.transform.DeadCodeElimination(entries)(mod)
+
+    def rewrite(bb, call, _lookup):
+        return _rewrite_conv(bb, call) if _is_candidate(call, want_layout="NHWC") else None
+
+    # The rewrite leaves reshapes/layout transforms of constant weights: fold them before dead
+    # code goes, so the GEMM's B operand is a plain constant before FuseOps groups kernels.
+    new, _ = rewrite_calls(mod, rewrite, cleanup=relax.transform.FoldConstant())
+    return new
 
 
 def conv_to_gemm_pass():
     """``conv_to_gemm`` as a module pass (run after precision conversion, before LegalizeOps)."""
-    tvm = tvm_compat.tvm()
-
-    @tvm.transform.module_pass(opt_level=0, name="AmpConvToGemm")
-    def _pass(mod, _ctx):
-        return conv_to_gemm(mod)
-
-    return _pass
+    return module_pass(conv_to_gemm, "AmpConvToGemm")

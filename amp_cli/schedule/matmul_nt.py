@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import tvm_compat
 from .conv_gemm import LOW_TYPES, _static_shape
+from .rewrite import module_pass, rewrite_calls
 
 
 def _permutation(call) -> list[int] | None:
@@ -90,56 +91,28 @@ def _nt_operands(call, lookup):
     return None
 
 
-def _make_mutator():
-    relax = tvm_compat.relax()
-
-    @relax.expr_functor.mutator
-    class _MatmulToNT(relax.PyExprMutator):
-        def __init__(self, mod):
-            super().__init__(mod)
-            self.mod_ = mod
-            self.rewritten = {"constant": 0, "transposed": 0}
-
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            found = _nt_operands(call, self.lookup_binding)
-            if found is None:
-                return call
-            a, b_nt, kind = found
-            if isinstance(b_nt, relax.Call):
-                b_nt = self.builder_.emit(b_nt)
-            self.rewritten[kind] += 1
-            te = tvm_compat.tvm().te
-            out_dtype = _out_dtype(call, a)
-            return self.builder_.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), a, b_nt,
-                                         primfunc_name_hint="amp_matmul_nt")
-
-        def run(self):
-            for gv, func in self.mod_.functions.items():
-                if isinstance(func, relax.Function):
-                    self.builder_.update_func(gv, self.visit_expr(func))
-            return self.builder_.get()
-
-    return _MatmulToNT
-
-
 def matmul_to_nt(mod):
     """``mod`` with eligible matmuls in NT form (module docstring) and a count per kind."""
+    te = tvm_compat.tvm().te
     relax = tvm_compat.relax()
-    mutator = _make_mutator()(mod)
-    new = mutator.run()
-    if not sum(mutator.rewritten.values()):
-        return mod, mutator.rewritten
-    entries = [gv.name_hint for gv, f in new.functions.items() if isinstance(f, relax.Function)]
-    return relax.transform.DeadCodeElimination(entries)(new), mutator.rewritten
+    counts = {"constant": 0, "transposed": 0}
+
+    def rewrite(bb, call, lookup):
+        found = _nt_operands(call, lookup)
+        if found is None:
+            return None
+        a, b_nt, kind = found
+        if isinstance(b_nt, relax.Call):
+            b_nt = bb.emit(b_nt)
+        counts[kind] += 1
+        out_dtype = _out_dtype(call, a)
+        return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), a, b_nt,
+                          primfunc_name_hint="amp_matmul_nt")
+
+    new, _ = rewrite_calls(mod, rewrite)
+    return new, counts
 
 
 def matmul_to_nt_pass():
     """:func:`matmul_to_nt` as a module pass (after precision conversion, before LegalizeOps)."""
-    tvm = tvm_compat.tvm()
-
-    @tvm.transform.module_pass(opt_level=0, name="AmpMatmulToNT")
-    def _pass(mod, _ctx):
-        return matmul_to_nt(mod)[0]
-
-    return _pass
+    return module_pass(lambda mod: matmul_to_nt(mod)[0], "AmpMatmulToNT")
