@@ -1,0 +1,137 @@
+"""Parallel GEMMs on one input become one wider GEMM (a transformer's Q, K and V projections).
+
+Why: at BERT-large's shapes (M = 8 x 128 tokens, hidden 1024) each projection is a 1024x1024x1024
+GEMM: 64-128 CTAs on a 132-SM H200, one partial wave. The three fused into one 1024x3072x1024
+GEMM filled the GPU: 218 TFLOP/s against 142 for the separate ones in the H200 sweep
+(docs/gpu-performance.md), i.e. ~30 us instead of ~45 us per layer.
+
+TVM has ``relax.transform.CombineParallelMatmul``, but on amp's converted graphs it did not fire
+(the weights are constants, and the pass only combines matmuls over function parameters); this
+pass handles exactly the case amp's graphs have: in one dataflow block, two or more fp16/bf16
+``relax.matmul(x, W_i)`` with the same input ``x`` and 2-D constant weights ``W_i[K, N_i]`` (same
+dtype and out_dtype). They become
+
+    g   = matmul(x, concat(W_i, axis=1))        # matmul_nt then makes it an NT GEMM
+    y_i = strided_slice(g, last axis, [offset_i, offset_i + N_i])
+
+Each output element is the same dot product over the same K as before, so the values are the
+same. When the GEMM accumulates in fp32 and *every* ``y_i`` is only consumed by a cast to the
+input's low type (amp's mixed-precision graphs: ``astype(matmul(...), float16)``), the cast moves
+in front of the slices (``g16 = astype(g)``, ``y_i = astype(slice(g16), float32)``): the GEMM then
+writes fp16 with the cast fused into its epilogue instead of a 2x larger fp32 tensor, and the
+fp16 -> fp32 -> fp16 round trip of each slice is exact. The slices fuse into their consumers
+(bias add, head-split reshape/transpose), so no extra kernel appears.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tvm_compat
+from .conv_gemm import LOW_TYPES, _static_shape
+from .rewrite import module_pass, rewrite_calls
+
+
+def _op_name(expr) -> str | None:
+    return getattr(getattr(expr, "op", None), "name", None)
+
+
+def _matmul_key(call):
+    """(x, K, dtype, out_dtype) for a matmul this pass can combine, else None."""
+    relax = tvm_compat.relax()
+    if _op_name(call) != "relax.matmul":
+        return None
+    x, w = call.args
+    if not isinstance(x, relax.Var) or not isinstance(w, tvm_compat.tvm().ir.expr.Constant):
+        return None
+    x_shape, w_shape = _static_shape(x), _static_shape(w)
+    if x_shape is None or w_shape is None or len(w_shape) != 2 or len(x_shape) < 2:
+        return None
+    if x.ty.dtype not in LOW_TYPES or w.ty.dtype != x.ty.dtype or x_shape[-1] != w_shape[0]:
+        return None
+    out = str(call.attrs.out_dtype)
+    return x, w_shape[0], x.ty.dtype, out if out not in ("", "void") else x.ty.dtype
+
+
+def _groups(mod) -> list[list]:
+    """Groups (>= 2) of combinable matmul bindings, as lists of (var, call), per dataflow block;
+    each with ``cast_ok``: every output only feeds a cast to the input's low type."""
+    relax = tvm_compat.relax()
+    groups = []
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        blocks = []
+
+        def visit(expr):
+            if isinstance(expr, relax.SeqExpr):
+                blocks.extend(b for b in expr.blocks if isinstance(b, relax.DataflowBlock))
+
+        relax.analysis.post_order_visit(func.body, visit)
+        for block in blocks:
+            by_key, uses = {}, {}
+            for binding in block.bindings:
+                value = getattr(binding, "value", None)
+                if not isinstance(value, relax.Call):
+                    continue
+                for arg in value.args:
+                    if isinstance(arg, relax.Var):
+                        uses.setdefault(arg, []).append(value)
+                key = _matmul_key(value)
+                if key is not None:
+                    x, k, dt, out = key
+                    by_key.setdefault((x, k, dt, out), []).append((binding.var, value))
+            for (x, _k, dt, out), members in by_key.items():
+                if len(members) < 2:
+                    continue
+                cast_ok = out != dt and all(
+                    (u := uses.get(var, [])) and all(
+                        _op_name(c) == "relax.astype" and str(c.attrs.dtype) == dt for c in u)
+                    for var, _ in members)
+                groups.append({"members": members, "cast_ok": cast_ok, "low": dt,
+                               "out": out})
+    return groups
+
+
+def combine_parallel_gemms(mod):
+    """``mod`` with each group of parallel constant-weight matmuls combined (module docstring)
+    and the number of matmuls combined."""
+    relax = tvm_compat.relax()
+    groups = _groups(mod)
+    if not groups:
+        return mod, 0
+    # the constant weight identifies a member (each matmul has its own) through the rewrite
+    by_weight = {}
+    for g in groups:
+        for index, (_var, call) in enumerate(g["members"]):
+            by_weight[call.args[1]] = (g, index)
+    done = {}  # id(group) -> replacement exprs of its members
+
+    def rewrite(bb, call, _lookup):
+        if _op_name(call) != "relax.matmul" or call.args[1] not in by_weight:
+            return None
+        group, index = by_weight[call.args[1]]
+        if id(group) not in done:
+            weights = [c.args[1].value.numpy() for _v, c in group["members"]]
+            combined = relax.const(np.ascontiguousarray(np.concatenate(weights, axis=1)),
+                                   group["low"])
+            g = bb.emit(relax.op.matmul(call.args[0], combined, out_dtype=group["out"]))
+            if group["cast_ok"]:
+                g = bb.emit(relax.op.astype(g, group["low"]))
+            axis = len(_static_shape(call.args[0])) - 1
+            outs, start = [], 0
+            for w in weights:
+                y = bb.emit(relax.op.strided_slice(g, [axis], [start], [start + w.shape[1]]))
+                if group["cast_ok"]:
+                    y = bb.emit(relax.op.astype(y, group["out"]))
+                outs.append(y)
+                start += w.shape[1]
+            done[id(group)] = outs
+        return done[id(group)][index]
+
+    # the members' old bindings are now aliases of the slices: fold them away
+    return rewrite_calls(mod, rewrite, cleanup=relax.transform.CanonicalizeBindings())
+
+
+def combine_parallel_gemms_pass():
+    """:func:`combine_parallel_gemms` as a module pass (before matmul_nt)."""
+    return module_pass(lambda mod: combine_parallel_gemms(mod)[0], "AmpCombineParallelGemms")

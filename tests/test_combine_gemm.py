@@ -1,0 +1,138 @@
+"""Parallel constant-weight GEMMs on one input become one (amp_cli.schedule.combine_gemm): which
+matmuls are combined, that values are kept (llvm, random inputs), and that a BERT layer's Q/K/V
+projections become one tensor-core GEMM in the sm_90 build."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+pytest.importorskip("onnx")
+
+from amp_cli import models, tvm_compat  # noqa: E402
+from amp_cli.schedule.combine_gemm import combine_parallel_gemms  # noqa: E402
+
+relax = tvm.relax
+
+
+def _qkv_module(dtype="float16", out_dtype="float32", tokens=24, hidden=40, widths=(40, 40, 24),
+                consumer="cast"):
+    """x @ W_i for three constant W_i (different widths), each output consumed by a cast to
+    ``dtype`` then a bias add (``consumer="cast"``), or used in fp32 directly ("fp32")."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, tokens, hidden), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            outs = []
+            for n in widths:
+                w = (rng.standard_normal((hidden, n)) / np.sqrt(hidden)).astype(dtype)
+                y = bb.emit(relax.op.matmul(x, relax.const(w), out_dtype=out_dtype))
+                if consumer == "cast":
+                    y = bb.emit(relax.op.astype(y, dtype))
+                    y = bb.emit(relax.op.astype(relax.op.add(y, relax.const(
+                        rng.standard_normal(n).astype(dtype))), "float32"))
+                outs.append(y)
+            gv = bb.emit_output(relax.op.concat(outs, axis=-1))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _matmul_shapes(mod):
+    shapes = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", None) == "relax.matmul":
+            shapes.append([int(d) for d in e.ty.shape.values])
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return shapes
+
+
+def _op_dtypes(mod, op_name):
+    dtypes = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", None) == op_name:
+            dtypes.append(str(e.ty.dtype))
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return dtypes
+
+
+def _run_llvm(mod, x):
+    ex = tvm.compile(mod, target="llvm")
+    vm = tvm_compat.relax_vm(ex, tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy().astype(np.float64)
+
+
+@pytest.mark.parametrize("consumer", ["cast", "fp32"])
+def test_three_projections_become_one_gemm_with_the_same_values(consumer):
+    mod = _qkv_module(consumer=consumer)
+    new, count = combine_parallel_gemms(mod)
+    assert count == 3
+    assert _matmul_shapes(new) == [[2, 24, 104]]
+    # the cast moves before the slices only when every output is cast to fp16 anyway
+    sliced = _op_dtypes(new, "relax.strided_slice")
+    assert sliced == ["float16" if consumer == "cast" else "float32"] * 3
+    x = np.random.default_rng(1).uniform(-2, 2, (2, 24, 40)).astype("float16")
+    ref, got = _run_llvm(mod, x), _run_llvm(new, x)
+    assert np.count_nonzero(ref) > 0.99 * ref.size  # a real signal (fp16 may round one to 0)
+    # the same fp16 products over the same K per output element, accumulated in fp32: equal to
+    # fp32 rounding (1e-6 relative), and the fp16 round trip of the sliced casts is exact
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+
+
+def test_what_is_left_alone():
+    single = _qkv_module(widths=(40,))
+    assert combine_parallel_gemms(single)[0].same_as(single)
+    fp32 = _qkv_module(dtype="float32", widths=(40, 40))
+    assert combine_parallel_gemms(fp32)[0].same_as(fp32)
+    # different inputs: nothing shared
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float16"))
+    y = relax.Var("y", relax.TensorType((8, 16), "float16"))
+    w = relax.const(np.ones((16, 16), "float16"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
+            b = bb.emit(relax.op.matmul(y, relax.const(np.ones((16, 16), "float16")),
+                                        out_dtype="float32"))
+            gv = bb.emit_output(relax.op.add(a, b))
+        bb.emit_func_output(gv)
+    two_inputs = bb.get()
+    assert combine_parallel_gemms(two_inputs)[0].same_as(two_inputs)
+
+
+def test_bert_layer_qkv_is_one_tensor_core_gemm_on_sm90(tmp_path):
+    import onnx
+
+    import amp_cli
+    from amp_cli.build import relax_pipeline
+    from amp_cli.config import CudaConfig
+    from amp_cli.precision import PrecisionConfig, convert_precision
+    from amp_cli.target import resolve_target
+
+    b = models.GraphBuilder(seed=3)
+    y = b.encoder_layer("x", batch=2, seq=64, hidden=128, heads=2, ffn=256)
+    model = b.model([("x", [2, 64, 128], "float32")], [(y, [2, 64, 128], "float32")])
+    onnx.save(model, str(tmp_path / "layer.onnx"))
+    loaded = amp_cli.load(tmp_path / "layer.onnx")
+    mod, _ = convert_precision(loaded.mod, PrecisionConfig(precision="fp16"), loaded.node_types)
+    target = resolve_target("cuda:sm_90")
+
+    def gemm_outputs(cuda):
+        with target.tvm_target():
+            lowered = relax_pipeline(target, cuda=cuda)(mod)
+        out = {}
+        for gv, f in lowered.functions.items():
+            if isinstance(f, tvm_compat.prim_func_class()) and "matmul" in gv.name_hint:
+                shape = [int(d) for d in f.params[-1].shape]
+                out[gv.name_hint] = (shape, "software_pipeline_async_stages" in f.script())
+        return out
+
+    combined = gemm_outputs(None)
+    separate = gemm_outputs(CudaConfig(combine_gemms=False))
+    assert [128, 384] in [s for s, _ in combined.values()], combined
+    assert [128, 384] not in [s for s, _ in separate.values()], separate
+    assert all(tc for _, tc in combined.values()), combined  # all on amp's cp.async GEMM
