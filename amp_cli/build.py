@@ -57,6 +57,7 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=No
         return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
                                    conv_as_gemm=cuda.conv_as_gemm, cuda_graph=cuda.cuda_graph,
                                    combine_gemms=cuda.combine_gemms,
+                                   split_k=cuda.split_k,
                                    rule_failures=rule_failures)
     from .schedule.cpu import cpu_relax_pipeline
 

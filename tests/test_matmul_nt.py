@@ -46,7 +46,7 @@ def _run_llvm(mod, x):
 
 def test_constant_weights_and_attention_operands_become_nt():
     new, counts = matmul_to_nt(_attention_module())
-    assert counts == {"constant": 1, "transposed": 2}
+    assert counts == {"constant": 1, "transposed": 2, "split_k": 0}
     text = new.script()
     assert "R.matmul" not in text and text.count("amp_matmul_nt") >= 3
 
@@ -93,3 +93,104 @@ def test_bert_layer_gemms_all_get_amp_tensor_core_schedule(tmp_path):
                  and "software_pipeline_async_stages" in f.script()]
     # 8 GEMMs (q/k/v combined into one by combine_gemm: 6), 6 distinct PrimFuncs
     assert len(gemms) == 6 and sorted(pipelined) == sorted(gemms)
+
+
+# ------------------------------------------------------------------------------------ split-K
+def _linear_module(m=96, k=512, n=48, seed=0, arrays=None):
+    """astype(x @ W, fp16) + bias for a constant W[K, N] (fp16 in, fp32 accumulation); W and
+    the bias go into ``arrays`` when given."""
+    relax = tvm_compat.relax()
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float16")
+    if arrays is not None:
+        arrays.update(w=w, bias=bias)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(w), out_dtype="float32"))
+            y = bb.emit(relax.op.add(relax.op.astype(y, "float16"), relax.const(bias)))
+            gv = bb.emit_output(relax.op.astype(y, "float32"))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_split_k_factor_heuristic():
+    from amp_cli.schedule.tc_gemm import split_k_factor
+
+    assert split_k_factor(1, 1024, 1024, 4096, 90) == 2   # BERT-large FFN down: 64 -> 128 CTAs
+    assert split_k_factor(1, 1024, 1024, 1024, 90) == 1   # K/2 = 512: partials cost more
+    assert split_k_factor(1, 1024, 4096, 1024, 90) == 1   # already fills the GPU
+    assert split_k_factor(1, 512, 1024, 4096, 90) == 4
+    assert split_k_factor(1, 1024, 1024, 4100, 90) == 1   # K not divisible into whole tiles
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_split_k_keeps_values(monkeypatch, factor):
+    """K split into 2 or 4 partial sums (fp32) added up: equal to the unsplit GEMM to fp32
+    rounding (rel 1e-5), on random inputs."""
+    from amp_cli.schedule import tc_gemm
+
+    monkeypatch.setattr(tc_gemm, "split_k_factor", lambda *a: factor)
+    mod = _linear_module()
+    new, counts = matmul_to_nt(mod, sm=90, split_k=True)
+    assert counts["split_k"] == 1 and "amp_matmul_nt_split" in new.script()
+    plain, _ = matmul_to_nt(mod, sm=90, split_k=False)
+    assert "amp_matmul_nt_split" not in plain.script()
+    x = np.random.default_rng(1).uniform(-1, 1, (96, 512)).astype("float16")
+    ref, got = _run_llvm(mod, x).astype(np.float64), _run_llvm(new, x).astype(np.float64)
+    assert np.count_nonzero(ref) > 0.99 * ref.size
+    # fp16 output: the fp32 sums may differ in their last bits and round to neighbouring fp16
+    # values, so the bound is one fp16 ulp of the largest output
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2 ** -10 * np.abs(ref).max())
+
+
+def test_split_k_gemm_is_a_tensor_core_kernel_with_the_epilogue_in_the_sum():
+    """sm_90: BERT-large's FFN-down shape (1024 x 1024, K=4096) splits in two; the partial GEMM
+    gets amp's cp.async wmma schedule and the cast/bias epilogue fuses into the sum kernel."""
+    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.schedule.cuda import cuda_relax_pipeline
+
+    mod = _linear_module(m=1024, k=4096, n=1024)
+    tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with tgt:
+        lowered = cuda_relax_pipeline(tgt, split_k=True, cuda_graph=False)(mod)
+    funcs = {gv.name_hint: f for gv, f in lowered.functions.items()
+             if isinstance(f, tvm_compat.prim_func_class())}
+    split = [n for n in funcs if "amp_matmul_nt_split" in n]
+    sums = [n for n in funcs if "split_k_sum" in n]
+    assert len(split) == 1 and len(sums) == 1, sorted(funcs)
+    assert "software_pipeline_async_stages" in funcs[split[0]].script()
+    assert "add" in sums[0] and "cast" in sums[0], sums  # the epilogue rides on the sum
+    assert [int(d) for d in funcs[split[0]].params[-1].shape] == [2, 1024, 1024]
+    ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
+                                  tir_pipeline=cuda_tir_pipeline(tgt, []))
+    assert "mma_sync" in tvm_compat.cuda_source(ex)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+def test_split_k_on_gpu_matches_fp32_reference():
+    """The split FFN-down GEMM (1024 x 1024, K=4096, S=2) on the GPU against numpy fp32 of the
+    same fp16 inputs: rel L2 below 2e-3 (fp16 output rounding alone is ~3e-4)."""
+    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.schedule.cuda import cuda_relax_pipeline
+
+    relax = tvm_compat.relax()
+    arrays = {}
+    mod = _linear_module(m=1024, k=4096, n=1024, seed=2, arrays=arrays)
+    sm = tvm_compat.cuda_compute_version().replace(".", "")
+    tgt = tvm.target.Target({"kind": "cuda", "arch": f"sm_{sm}"})
+    with tgt:
+        lowered = cuda_relax_pipeline(tgt, split_k=True)(mod)
+    assert any("amp_matmul_nt_split" in gv.name_hint for gv in lowered.get_global_vars())
+    ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
+                                  tir_pipeline=cuda_tir_pipeline(tgt, []))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    x = np.random.default_rng(3).uniform(-1, 1, (1024, 4096)).astype("float16")
+    got = vm["main"](tvm.runtime.tensor(x, dev)).numpy().astype(np.float64)
+    w, bias = (arrays[n].astype(np.float64) for n in ("w", "bias"))
+    ref = x.astype(np.float64) @ w + bias
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

@@ -64,6 +64,36 @@ def _gemm_nt(te, a, b, out_dtype):
     return te.compute((*a_shape[:-1], n), value, name="matmul_nt")
 
 
+def _gemm_nt_split(te, a, b, out_dtype, factor):
+    """Split-K partials of ``A[*lead, i, k] @ B[j, k]^T`` (B 2-D):
+    ``P[s, *lead, i, j] = sum_{k < K/S} A[*lead, i, s*K/S + k] * B[j, s*K/S + k]``."""
+    a_shape = [int(d) for d in a.shape]
+    part = a_shape[-1] // factor
+    n = int(b.shape[-2])
+    r = te.reduce_axis((0, part), name="k")
+
+    def value(s, *ix):
+        lead, i, j = ix[:-2], ix[-2], ix[-1]
+        return te.sum(a[(*lead, i, s * part + r)].astype(out_dtype)
+                      * b[(j, s * part + r)].astype(out_dtype), axis=r)
+
+    return te.compute((factor, *a_shape[:-1], n), value, name="matmul_nt_split")
+
+
+def _sum_splits(te, p):
+    """``C[...] = P[0, ...] + ... + P[S-1, ...]`` as one elementwise kernel (FuseOps fuses the
+    GEMM's epilogue into it)."""
+    factor = int(p.shape[0])
+
+    def value(*ix):
+        total = p[(0, *ix)]
+        for s in range(1, factor):
+            total = total + p[(s, *ix)]
+        return total
+
+    return te.compute([int(d) for d in p.shape[1:]], value, name="split_k_sum")
+
+
 def _nt_operands(call, lookup):
     """(A, B_nt, kind) when ``call`` is a matmul this pass rewrites, else None. ``B_nt`` is a
     Relax expression of shape [..., N, K]."""
@@ -91,11 +121,16 @@ def _nt_operands(call, lookup):
     return None
 
 
-def matmul_to_nt(mod):
-    """``mod`` with eligible matmuls in NT form (module docstring) and a count per kind."""
+def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False):
+    """``mod`` with eligible matmuls in NT form (module docstring) and a count per kind.
+    ``split_k`` (needs ``sm``, the CUDA arch number): constant-weight GEMMs whose output is too
+    small to fill the GPU with the largest tile (``tc_gemm.split_k_factor``) run as K-split
+    partial GEMMs plus an elementwise sum (fp32 accumulation only)."""
+    from .tc_gemm import split_k_factor
+
     te = tvm_compat.tvm().te
     relax = tvm_compat.relax()
-    counts = {"constant": 0, "transposed": 0}
+    counts = {"constant": 0, "transposed": 0, "split_k": 0}
 
     def rewrite(bb, call, lookup):
         found = _nt_operands(call, lookup)
@@ -106,6 +141,17 @@ def matmul_to_nt(mod):
             b_nt = bb.emit(b_nt)
         counts[kind] += 1
         out_dtype = _out_dtype(call, a)
+        factor = 1
+        if split_k and sm and kind == "constant" and out_dtype == "float32":
+            a_shape = _static_shape(a)
+            m = int(np.prod(a_shape[:-1]))
+            factor = split_k_factor(1, m, _static_shape(b_nt)[0], a_shape[-1], sm)
+        if factor > 1:
+            counts["split_k"] += 1
+            parts = bb.emit_te(lambda at, bt: _gemm_nt_split(te, at, bt, out_dtype, factor),
+                               a, b_nt, primfunc_name_hint="amp_matmul_nt_split")
+            return bb.call_te(lambda pt: _sum_splits(te, pt), parts,
+                              primfunc_name_hint="amp_split_k_sum")
         return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), a, b_nt,
                           primfunc_name_hint="amp_matmul_nt")
 
@@ -113,6 +159,6 @@ def matmul_to_nt(mod):
     return new, counts
 
 
-def matmul_to_nt_pass():
+def matmul_to_nt_pass(sm: int | None = None, split_k: bool = False):
     """:func:`matmul_to_nt` as a module pass (after precision conversion, before LegalizeOps)."""
-    return module_pass(lambda mod: matmul_to_nt(mod)[0], "AmpMatmulToNT")
+    return module_pass(lambda mod: matmul_to_nt(mod, sm, split_k)[0], "AmpMatmulToNT")

@@ -122,6 +122,35 @@ def choose_config(batch: int, m: int, n: int, k: int, sm: int,
     return cfg
 
 
+# Split-K: a GEMM whose output is too small for the largest tile to fill the GPU runs as S
+# partial GEMMs over K/S each (S x the CTAs of that tile) plus an elementwise sum of the fp32
+# partials. Worth it only when K is long: the partials cost 2 x S x M x N x 4 bytes of traffic.
+SPLIT_K_FACTORS = (2, 4)
+MIN_SPLIT_K = 1024  # K per split, at least
+
+
+def split_k_factor(batch: int, m: int, n: int, k: int, sm: int) -> int:
+    """How many K splits (1 = none) let the largest tile fill the GPU: the smallest factor in
+    ``SPLIT_K_FACTORS`` for which ``CANDIDATES[0]`` gets >= ``FULL_WAVE`` x SMs CTAs, keeping
+    K/S >= ``MIN_SPLIT_K`` and a multiple of that tile's K step. Rationale (H200 sweep,
+    docs/gpu-performance.md): the 128x128 tile reached 273 TFLOP/s where its grid filled the GPU
+    and the tiles that fill a 1024x1024 output 137-147; the partials of a 1024x1024 output are
+    8 MB each, L2-resident on Hopper."""
+    big = CANDIDATES[0]
+    if big not in fitting(sm):
+        return 1
+    wave = FULL_WAVE * sm_count(sm)
+    if ctas(big, batch, m, n) >= wave:
+        return 1
+    for factor in SPLIT_K_FACTORS:
+        part = k // factor
+        if k % factor or part < MIN_SPLIT_K or part % big.bk:
+            break
+        if ctas(big, batch * factor, m, n) >= wave:
+            return factor
+    return 1
+
+
 def _intrinsics(in_dtype: str, acc_dtype: str) -> dict | None:
     from tvm.s_tir.tensor_intrin import cuda as tc
 
