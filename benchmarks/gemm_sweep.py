@@ -40,6 +40,15 @@ DEFAULT_SHAPES = [
 ]
 
 
+# Larger tiles than the default heuristic considers, for the sweep only: 8 warps of 64x64
+# (256x128, 128x256) and a 64-deep K step on the 128x128 tile (fewer barriers per MMA).
+EXTRA_CONFIGS = (
+    tc_gemm.TileConfig(4, 2, 4, 4, 2, 3),   # 256x128x32, 8 warps of 64x64
+    tc_gemm.TileConfig(2, 4, 4, 4, 2, 3),   # 128x256x32, 8 warps of 64x64
+    tc_gemm.TileConfig(2, 2, 4, 4, 4, 3),   # 128x128x64, 4 warps of 64x64
+)
+
+
 def gemm_func(m: int, n: int, k: int, dtype: str = "float16"):
     tvm = tvm_compat.tvm()
     from tvm import te
@@ -51,6 +60,22 @@ def gemm_func(m: int, n: int, k: int, dtype: str = "float16"):
                                                 axis=r), name="C")
     d = te.compute((m, n), lambda i, j: c[i, j].astype(dtype), name="D")
     return te.create_prim_func([a, b, d]).with_attr("global_symbol", "main")
+
+
+def split_gemm_func(m: int, n: int, k: int, factor: int, dtype: str = "float16"):
+    """The partials of a K-split GEMM (amp's cuda.split_k): P[s, i, j] over K/factor each, fp32
+    (the elementwise sum that follows in a model is not part of this kernel)."""
+    tvm = tvm_compat.tvm()
+    from tvm import te
+
+    part = k // factor
+    a = te.placeholder((m, k), dtype, name="A")
+    b = te.placeholder((n, k), dtype, name="B")
+    r = te.reduce_axis((0, part), name="k")
+    c = te.compute((factor, m, n), lambda s, i, j: te.sum(
+        a[i, s * part + r].astype("float32") * b[j, s * part + r].astype("float32"), axis=r),
+        name="P")
+    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
 
 
 def build(func, sch_mod, target):
@@ -77,6 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--stages", default="2,4", type=lambda v: [int(x) for x in v.split(",") if x],
                     help="extra pipeline depths to try for the three largest tiles ('' = none)")
+    ap.add_argument("--extra", action="store_true",
+                    help="also try EXTRA_CONFIGS (256x128, 128x256, 128x128x64 tiles)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -99,7 +126,13 @@ def main(argv=None) -> int:
                     if st != c.stages:
                         v = dataclasses.replace(c, stages=st)
                         variants.append((v.name(), v))
+        if args.extra:
+            variants += [(c.name(), c) for c in EXTRA_CONFIGS
+                         if c.shared_bytes() <= tc_gemm.smem_limit(sm)]
         variants.append(("dlight", None))
+        factor = tc_gemm.split_k_factor(1, m, n, k, sm)
+        if factor > 1:
+            variants.append((f"split-K {factor} partials", factor))
         if dev is not None:
             a = rng.standard_normal((m, k)).astype("float16")
             b = rng.standard_normal((n, k)).astype("float16")
@@ -107,10 +140,17 @@ def main(argv=None) -> int:
             ta, tb = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
         for vname, cfg in variants:
             row = {"shape": name, "m": m, "n": n, "k": k, "config": vname,
-                   "picked": cfg == pick}
+                   "picked": not isinstance(cfg, int) and cfg == pick}
             t0 = time.time()
             try:
-                if cfg is None:
+                out_shape, out_dtype = (m, n), "float16"
+                if isinstance(cfg, int):  # split-K partials, amp's default tile for them
+                    out_shape, out_dtype = (cfg, m, n), "float32"
+                    sfunc = split_gemm_func(m, n, k, cfg)
+                    sch = tc_gemm.schedule_gemm(sfunc, "float16", "float32", cfg, [m, n, k // cfg],
+                                                sm)
+                    smod = None if sch is None else sch.mod["main"]
+                elif cfg is None:
                     smod = dlight_schedule(func, target)
                 else:
                     sch = tc_gemm.schedule(func, "float16", "float32", [m, n, k], sm, cfg)
@@ -125,9 +165,11 @@ def main(argv=None) -> int:
                 row["cp_async"] = "cp.async" in src
                 row["wmma"] = "mma_sync" in src
                 if dev is not None:
-                    tc = tvm.runtime.empty((m, n), "float16", dev)
+                    tc = tvm.runtime.empty(out_shape, out_dtype, dev)
                     ex(ta, tb, tc)
                     out = tc.numpy().astype("float32")
+                    if len(out_shape) == 3:
+                        out = out.sum(axis=0)
                     row["rel_l2"] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
                     ev = ex.jit().time_evaluator("main", dev, number=10, repeat=args.repeat)
                     med = float(np.median(np.array(ev(ta, tb, tc).results))) * 1e3
