@@ -136,3 +136,38 @@ def test_bert_layer_qkv_is_one_tensor_core_gemm_on_sm90(tmp_path):
     assert [128, 384] in [s for s, _ in combined.values()], combined
     assert [128, 384] not in [s for s, _ in separate.values()], separate
     assert all(tc for _, tc in combined.values()), combined  # all on amp's cp.async GEMM
+
+
+def test_torch_export_projections_are_combined(tmp_path):
+    """torch.export gives each Linear its own reshape/cast of the input; after CSE the three
+    projections share it and combine. Values: the combined module vs the uncombined one (llvm),
+    both fp16 with fp32 accumulation, on random inputs."""
+    torch = pytest.importorskip("torch")
+    import amp_cli
+    from amp_cli.precision import PrecisionConfig, convert_precision
+
+    class Projections(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(64, 48) for _ in range(3))
+
+        def forward(self, x):
+            return self.q(x) + self.k(x) * self.v(x)
+
+    torch.manual_seed(0)
+    ep = torch.export.export(Projections().eval(), (torch.randn(4, 32, 64),))
+    torch.export.save(ep, str(tmp_path / "p.pt2"))
+    loaded = amp_cli.load(tmp_path / "p.pt2")
+    mod, _ = convert_precision(loaded.mod, PrecisionConfig(precision="fp16"), loaded.node_types)
+    new, count = combine_parallel_gemms(mod)
+    assert count == 3 and _matmul_shapes(new) == [[128, 144]]
+    x = np.random.default_rng(2).standard_normal((4, 32, 64)).astype("float32")
+
+    def run(m):
+        ex = tvm.compile(m, target="llvm")
+        out = tvm_compat.relax_vm(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+        out = out[0] if not hasattr(out, "numpy") else out
+        return out.numpy().astype(np.float64)
+
+    ref, got = run(mod), run(new)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())

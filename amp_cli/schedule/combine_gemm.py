@@ -7,7 +7,9 @@ GEMM filled the GPU: 218 TFLOP/s against 142 for the separate ones in the H200 s
 
 TVM has ``relax.transform.CombineParallelMatmul``, but on amp's converted graphs it did not fire
 (the weights are constants, and the pass only combines matmuls over function parameters); this
-pass handles exactly the case amp's graphs have: in one dataflow block, two or more fp16/bf16
+pass handles exactly the case amp's graphs have: in one dataflow block (after common-subexpression
+elimination, which merges the per-projection reshape/cast of the input that exporters repeat),
+two or more fp16/bf16
 ``relax.matmul(x, W_i)`` with the same input ``x`` and 2-D constant weights ``W_i[K, N_i]`` (same
 dtype and out_dtype). They become
 
@@ -96,9 +98,12 @@ def combine_parallel_gemms(mod):
     """``mod`` with each group of parallel constant-weight matmuls combined (module docstring)
     and the number of matmuls combined."""
     relax = tvm_compat.relax()
+    # exporters repeat the input's reshape/cast per projection (torch.export: one per Linear);
+    # common-subexpression elimination makes them one input, so the projections group
+    original, mod = mod, relax.transform.EliminateCommonSubexpr()(mod)
     groups = _groups(mod)
     if not groups:
-        return mod, 0
+        return original, 0
     # the constant weight identifies a member (each matmul has its own) through the rewrite
     by_weight = {}
     for g in groups:
