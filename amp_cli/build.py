@@ -58,6 +58,7 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=No
                                    conv_as_gemm=cuda.conv_as_gemm, cuda_graph=cuda.cuda_graph,
                                    combine_gemms=cuda.combine_gemms,
                                    split_k=cuda.split_k,
+                                   implicit_gemm=cuda.implicit_gemm,
                                    rule_failures=rule_failures)
     from .schedule.cpu import cpu_relax_pipeline
 

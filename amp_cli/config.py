@@ -90,6 +90,7 @@ class CudaConfig:
     conv_as_gemm: bool = True  # fp16/bf16 convolutions as NHWC tensor-core GEMMs
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = False  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
+    implicit_gemm: bool = False  # convs (C % 8 == 0) read the image in the GEMM: no im2col
 
 
 @dataclass

@@ -68,13 +68,30 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(str(v) for v in c[:8]))
-def test_rewrite_matches_conv2d_on_cpu(case):
+# implicit GEMM applies where C is a multiple of 8
+IMPLICIT_CASES = [
+    (2, 8, 9, 11, 7, 3, 1, 1, 1),     # 3x3 same, ragged spatial
+    (2, 16, 17, 15, 9, 3, 2, 1, 1),   # stride 2
+    (2, 8, 9, 9, 10, 1, 2, 0, 1),     # 1x1 stride 2 (downsample)
+    (1, 8, 12, 10, 6, 3, 1, 2, 2),    # dilation 2
+    (1, 16, 10, 10, 5, 5, 1, (1, 2, 0, 2), 1),  # asymmetric padding, 5x5
+]
+
+
+@pytest.mark.parametrize("implicit", [False, True], ids=["im2col", "implicit"])
+@pytest.mark.parametrize("case", CASES + IMPLICIT_CASES,
+                         ids=lambda c: "x".join(str(v) for v in c[:8]))
+def test_rewrite_matches_conv2d_on_cpu(case, implicit):
     n, c, h, w, o, k, stride, pad, dil = case
     mod = _conv_module(n, c, h, w, o, k, stride, pad, dilation=dil)
-    new = conv_to_gemm(mod)
+    new = conv_to_gemm(mod, implicit=implicit)
     ops = _ops(new)
     assert "relax.nn.conv2d" not in ops, ops
+    text = new.script()
+    gathered = k > 1 or stride != 1 or pad not in (0, (0, 0, 0, 0))
+    is_implicit = implicit and c % 8 == 0 and gathered
+    assert ("amp_conv_gemm_implicit" in text) == is_implicit
+    assert ("amp_im2col" in text) == (gathered and not is_implicit)
     x = np.random.default_rng(1).uniform(-2, 2, (n, c, h, w)).astype("float16")
     ref, got = _run_llvm(mod, x), _run_llvm(new, x)
     assert got.shape == ref.shape
@@ -164,6 +181,34 @@ def test_conv_gemms_get_tensor_cores_on_sm90(resnet_like, precision):
     # CUDA graphs are on by default: the static middle of the model is lifted for capture.
     names = {gv.name_hint for gv in lowered.get_global_vars()}
     assert any(n.endswith("cuda_graph_capture") for n in names), sorted(names)
+
+
+def test_implicit_gemm_reads_the_image_with_predicated_cp_async(resnet_like):
+    """sm_90, ``implicit_gemm``: the 3x3 and strided convs (C = 64, 96, 256) run as implicit GEMMs
+    on tensor cores whose image loads are predicated cp.async copies (zero fill at the padding);
+    only the RGB stem (C=3) keeps an im2col kernel."""
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.precision import convert_precision
+    from amp_cli.schedule.cuda import cuda_relax_pipeline
+
+    mod, _ = convert_precision(resnet_like.mod, PrecisionConfig(precision="fp16"))
+    tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    failures = []
+    with tgt:
+        lowered = cuda_relax_pipeline(tgt, implicit_gemm=True, rule_failures=failures)(mod)
+    assert not failures, failures
+    ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
+                                  tir_pipeline=cuda_tir_pipeline(tgt, []))
+    src = tvm_compat.cuda_source(ex)
+    kernels = _kernels(src)
+    implicit = [k for k in kernels if "implicit" in k]
+    im2col = [k for k in kernels if "im2col" in k]
+    assert len(implicit) >= 2 and all(kernels[k] for k in implicit), kernels
+    assert len(im2col) == 1, im2col  # the stem
+    for chunk in src.split("__global__")[1:]:
+        if "implicit" in chunk.split("(", 1)[0] and "{" in chunk.split(";", 1)[0]:
+            assert "cp_async_legacy_pred" in chunk  # padded image loads, zero-filled
 
 
 def test_toggles_off_give_stock_lowering(resnet_like):

@@ -71,3 +71,29 @@ def test_bert_layer_on_amp_gemm_schedule_runs_on_gpu(tmp_path):
         print("bert layer fp16 on tc_gemm:", conv.accuracy["worst"])
     finally:
         conv.cleanup()
+
+
+def test_implicit_gemm_convs_run_on_gpu(tmp_path):
+    """cuda.implicit_gemm: padded/strided convs with C % 8 == 0 read the image inside the GEMM
+    (predicated cp.async); against ONNX Runtime fp32 within the fp16 tolerance."""
+    b = models.GraphBuilder(seed=5)
+    x = b.conv_bn_relu("input", 3, 32, k=3, stride=2)   # stem (C=3): im2col
+    x = b.conv_bn_relu(x, 32, 64, k=3)                 # implicit, padded
+    x = b.conv_bn_relu(x, 64, 64, k=3, stride=2)       # implicit, strided
+    x = b.conv_bn_relu(x, 64, 128, k=1, stride=2)      # implicit 1x1 stride 2
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
+    path = tmp_path / "cnn.onnx"
+    onnx.save(b.model([("input", [4, 3, 64, 64], "float32")], [(y, [4, 128], "float32")]),
+              str(path))
+    cfg = amp_cli.ConvertConfig(target="cuda")
+    cfg.cuda.implicit_gemm = True
+    cfg.accuracy.samples = 2
+    conv = amp_cli.convert(amp_cli.load(path), cfg)
+    try:
+        assert sum("implicit" in k for k in conv.build.kernels) >= 3, conv.build.kernels
+        assert not conv.build.rule_failures, conv.build.rule_failures
+        assert conv.accuracy["device"] == "cuda"
+        assert conv.accuracy["worst"]["rel_l2"] < TOL["fp16"], conv.accuracy["worst"]
+        print("implicit-GEMM CNN fp16:", conv.accuracy["worst"])
+    finally:
+        conv.cleanup()

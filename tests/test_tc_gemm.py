@@ -145,6 +145,49 @@ def test_contiguous_vec_reads_the_copy_blocks():
     assert copy_vec(gemm(64, 64, 64, b_layout="KN"), 1) == 8  # cached as [K, N]: N innermost
 
 
+def test_contiguous_vec_of_gathers_and_predicates():
+    """A gather moving with the lane inside one row segment (an implicit GEMM's x[.., k % C]) is
+    still one vector; a predicate that changes within a vector (k < 5) forces scalar copies."""
+    from tvm import te, tirx
+    from tvm.s_tir.dlight.analysis import get_root_block
+
+    def vec(compute):
+        a = te.placeholder((16, 64), "float16", name="A")
+        func = te.create_prim_func([a, te.compute((16, 64), lambda i, k: compute(a, i, k))])
+        sch = tvm.s_tir.Schedule(func)
+        return tc_gemm.contiguous_vec(sch.get(sch.get_child_blocks(get_root_block(sch))[0]), 8)
+
+    zero = tirx.const(0, "float16")
+    assert vec(lambda a, i, k: a[i, k]) == 8
+    assert vec(lambda a, i, k: a[(i + k // 16) % 16, k % 16]) == 8   # taps of 16 channels
+    assert vec(lambda a, i, k: a[(i + k // 4) % 16, k % 4]) == 4     # taps of 4 channels
+    assert vec(lambda a, i, k: tirx.if_then_else(i > 3, a[i, k], zero)) == 8  # row predicate
+    assert vec(lambda a, i, k: tirx.if_then_else(k < 5, a[i, k], zero)) == 1  # lane predicate
+
+
+@pytest.mark.parametrize("channels,copy", [(64, "legacy_pred_cg_16"), (4, "legacy_pred_ca_8")])
+def test_implicit_conv_gemm_loads_with_predicated_cp_async(channels, copy):
+    """A padded 3x3 conv as an implicit GEMM: the image loads become predicated cp.async copies
+    of 16 bytes (C=64) or 8 bytes (C=4: a 16-byte vector would span two filter taps)."""
+    import re
+
+    from tvm import te, tirx
+
+    from amp_cli.schedule.conv_gemm import _implicit_gemm
+
+    x = te.placeholder((2, 10, 10, channels), "float16", name="x")
+    w = te.placeholder((64, 9 * channels), "float16", name="w")
+    y = _implicit_gemm(te, tirx, x, w, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), (10, 10), "float32")
+    func = te.create_prim_func([x, w, y])
+    _, _, batch, sizes = gemm_shape(func)
+    sch = tc_gemm.schedule_gemm(func, "float16", "float32", batch, sizes, 90)
+    assert sch is not None
+    src = tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
+    copies = set(re.findall(r"ptx_cp_async_(legacy\w*?_\d+)_", src))
+    assert any(c.startswith(copy) for c in copies), copies
+    assert "mma_sync" in src
+
+
 def test_load_vector_width_follows_k_alignment():
     assert tc_gemm._widest(1024, 8) == 8
     assert tc_gemm._widest(36, 8) == 4

@@ -17,6 +17,13 @@ with strided, unvectorized global reads. The im2col is its own spatial kernel (p
 in-kernel), so the im2col tensor is materialized once per conv: memory traffic, but small next to
 SIMT conv time. Depthwise/grouped and fp32 convolutions are left as convolutions (in NHWC).
 
+Implicit GEMM (``implicit=True``, the CUDA pipeline's ``cuda.implicit_gemm``): for a kxk or
+strided conv whose C is a multiple of 8 the GEMM reads the (zero-padded) image directly,
+``A[m, k] = x[n, ho*s + i*d - p, wo*s + j*d - p, c]``, with the padding as a stage of the same
+PrimFunc; amp's tensor-core schedule inlines it into the shared-memory loads, which TVM turns into
+predicated 16-byte ``cp.async`` copies (zero fill outside the image). No im2col tensor is written
+or read. Other convs (the RGB stem, C=3) keep the explicit im2col.
+
 Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/N/K to its tile
 (``pad_einsum``), so odd channel counts still get tensor cores.
 """
@@ -107,8 +114,42 @@ def _gemm_nt(te, a, b, out_dtype):
                                     axis=r), name="conv_gemm")
 
 
-def _rewrite_conv(bb, call):
-    """Emit the GEMM form of an NHWC/OHWI conv2d call; returns the replacement expression."""
+# Implicit GEMM needs whole cp.async vectors (8 fp16 = 16 bytes) inside one filter tap: C % 8.
+IMPLICIT_CHANNEL_MULTIPLE = 8
+
+
+def _implicit_gemm(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw, out_dtype):
+    """The conv as a GEMM that reads the image directly (no im2col tensor):
+    ``y[n,ho,wo,o] = sum_k xp[n, ho*sh + i*dh, wo*sw + j*dw, c] * B[o, k]`` with
+    ``k = (i*kw + j)*C + c`` and ``xp`` the zero-padded image, a stage of the same PrimFunc that
+    the tensor-core schedule inlines into its shared-memory loads (predicated cp.async)."""
+    n_, h_, w_, c_ = (int(d) for d in x.shape)
+    ho_, wo_ = out_hw
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl, pb, pr = padding
+    o = int(b.shape[0])
+    xp = x
+    if any(padding):
+        def pad(n, h, w, c):
+            inside = tirx.all(h >= pt, h < h_ + pt, w >= pl, w < w_ + pl)
+            return tirx.if_then_else(inside, x[n, h - pt, w - pl, c], tirx.const(0, x.dtype))
+
+        xp = te.compute((n_, h_ + pt + pb, w_ + pl + pr, c_), pad, name="pad")
+    r = te.reduce_axis((0, kh * kw * c_), name="k")
+
+    def value(bn, ho, wo, oc):
+        i, rest = r // (kw * c_), r % (kw * c_)
+        j, c = rest // c_, rest % c_
+        return te.sum(xp[bn, ho * sh + i * dh, wo * sw + j * dw, c].astype(out_dtype)
+                      * b[oc, r].astype(out_dtype), axis=r)
+
+    return te.compute((n_, ho_, wo_, o), value, name="conv_gemm")
+
+
+def _rewrite_conv(bb, call, implicit: bool = False):
+    """Emit the GEMM form of an NHWC/OHWI conv2d call; returns the replacement expression.
+    ``implicit``: convs with C a multiple of 8 read the image inside the GEMM (no im2col)."""
     tvm = tvm_compat.tvm()
     relax, te, tirx = tvm.relax, tvm.te, tvm.tirx
     a = call.attrs
@@ -124,6 +165,12 @@ def _rewrite_conv(bb, call):
 
     if kh == kw == 1 and strides == [1, 1] and not any(padding):
         cols = x  # already [N, H, W, C]
+    elif implicit and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
+        wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
+        return bb.call_te(
+            lambda xt, bt: _implicit_gemm(te, tirx, xt, bt, kh, kw, strides, padding, dilation,
+                                          (ho, wo), out_dtype), x, wmat,
+            primfunc_name_hint="amp_conv_gemm_implicit")
     else:
         cols = bb.emit_te(
             lambda xt: _im2col(te, tirx, xt, kh, kw, strides, padding, dilation, (ho, wo)), x,
@@ -133,16 +180,18 @@ def _rewrite_conv(bb, call):
                       primfunc_name_hint="amp_conv_gemm")
 
 
-def conv_to_gemm(mod):
+def conv_to_gemm(mod, implicit: bool = False):
     """Return ``mod`` with eligible conv2d calls in GEMM form (see the module docstring); a module
-    without any is returned unchanged (no layout change)."""
+    without any is returned unchanged (no layout change). ``implicit``: implicit GEMM (no im2col
+    tensor) for convs whose channel count is a multiple of 8."""
     relax = tvm_compat.relax()
     if not count_gemm_convs(mod):
         return mod
     mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
 
     def rewrite(bb, call, _lookup):
-        return _rewrite_conv(bb, call) if _is_candidate(call, want_layout="NHWC") else None
+        return _rewrite_conv(bb, call, implicit) if _is_candidate(call, want_layout="NHWC") \
+            else None
 
     # The rewrite leaves reshapes/layout transforms of constant weights: fold them before dead
     # code goes, so the GEMM's B operand is a plain constant before FuseOps groups kernels.
@@ -150,6 +199,6 @@ def conv_to_gemm(mod):
     return new
 
 
-def conv_to_gemm_pass():
+def conv_to_gemm_pass(implicit: bool = False):
     """``conv_to_gemm`` as a module pass (run after precision conversion, before LegalizeOps)."""
-    return module_pass(conv_to_gemm, "AmpConvToGemm")
+    return module_pass(lambda mod: conv_to_gemm(mod, implicit), "AmpConvToGemm")

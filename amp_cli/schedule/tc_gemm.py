@@ -175,15 +175,20 @@ def _widest(extent: int, widest: int) -> int:
 
 def contiguous_vec(block, widest: int) -> int:
     """The widest vector (a power of two <= ``widest``) along ``block``'s innermost iteration
-    variable that keeps every global access of the block one aligned, contiguous vector: each
-    must index its buffer's last axis with that variable plus an offset that is a multiple of the
-    vector, no other axis may depend on it, and the last axis' extent must be a multiple of the
-    vector (so rows start aligned). 1 when some access is strided along it (e.g. the copy of a
-    ``B[K, N]`` operand into a [N, K] tile). Shared/local buffers are amp's own, aligned tiles."""
+    variable ``v`` that keeps every global access of the block one aligned, contiguous vector.
+    With ``v = chunk * lanes + lane`` (``lane < lanes``), each access must move by exactly
+    ``lane`` in its buffer's last axis and not at all in the others, start at a multiple of
+    ``lanes``, and the last axis' extent must be a multiple of ``lanes`` (rows start aligned);
+    every ``if_then_else`` condition (padding predicates) must not depend on ``lane``, so that
+    one predicated copy serves the vector. This covers plain ``A[i, k]`` rows and gathers such
+    as an implicit GEMM's ``x[n, h(k), w(k), k % C]`` (``C`` a multiple of ``lanes``); it is 1
+    when some access is strided along ``v`` (a ``B[K, N]`` operand copied into a [N, K] tile).
+    Shared/local buffers are amp's own, aligned tiles."""
     tvm = tvm_compat.tvm()
     T = tvm_compat.tirx()
-    inner = block.iter_vars[-1].var
-    accesses = []  # (buffer, indices)
+    inner_iv = block.iter_vars[-1]
+    inner = inner_iv.var
+    accesses, conds = [], []  # (buffer, indices); predicate expressions
 
     def on_load(load, mutator):
         accesses.append((load.source, list(load.indices)))
@@ -193,30 +198,48 @@ def contiguous_vec(block, widest: int) -> int:
         accesses.append((store.buffer, list(store.indices)))
         return mutator.default_mutate(store)
 
-    tvm_compat.structural_mutate(block.body, [(tvm_compat.buffer_load_class(), on_load),
-                                              (T.BufferStore, on_store)])
-    ana = tvm_compat.analyzer()
-    for iv in block.iter_vars:
-        ana.bind(iv.var, iv.dom)
+    def on_call(call, mutator):
+        if str(getattr(call.op, "name", "")).endswith("if_then_else"):
+            conds.append(call.args[0])
+        return mutator.default_mutate(call)
 
-    def uses_inner(expr) -> bool:
-        return any(v.same_as(inner) for v in tvm.tirx.analysis.undefined_vars(expr))
+    tvm_compat.structural_mutate(block.body, [(tvm_compat.buffer_load_class(), on_load),
+                                              (T.BufferStore, on_store), (tvm.ir.Call, on_call)])
+    global_accesses = [(b, ix) for b, ix in accesses if str(b.scope()) == "global"]
+    extent = inner_iv.dom.extent
+    extent = int(extent.value) if hasattr(extent, "value") else None
+
+    def aligned(lanes: int) -> bool:
+        if extent is None or extent % lanes:
+            return False
+        dtype = str(inner.ty.dtype)  # int64 in large kernels
+        chunk, lane = T.Var("amp_chunk", dtype), T.Var("amp_lane", dtype)
+        at_lane, at_zero = tvm_compat.analyzer(), tvm_compat.analyzer()
+        for ana, value in ((at_lane, chunk * lanes + lane), (at_zero, chunk * lanes)):
+            for iv in block.iter_vars[:-1]:
+                ana.bind(iv.var, iv.dom)
+            ana.bind(chunk, tvm.ir.Range.from_min_extent(T.const(0, dtype),
+                                                         T.const(extent // lanes, dtype)))
+            ana.bind(lane, tvm.ir.Range.from_min_extent(T.const(0, dtype), T.const(lanes, dtype)))
+            ana.bind(inner, value)
+        for buf, indices in global_accesses:
+            moved = [at_lane.simplify(ix) for ix in indices]
+            start = [at_zero.simplify(ix) for ix in indices]
+            if not all(at_lane.can_prove_equal(m, s) for m, s in zip(moved[:-1], start[:-1])):
+                return False
+            if not at_lane.can_prove_equal(moved[-1] - start[-1], lane):
+                return False
+            mod = at_zero.modular_set(start[-1])
+            last = buf.shape[-1]
+            last = int(last.value) if hasattr(last, "value") else 1
+            if last % lanes or mod.coeff % lanes or mod.base % lanes:
+                return False
+        return all(at_lane.can_prove(T.EQ(at_lane.simplify(c), at_zero.simplify(c)))
+                   for c in conds)
 
     lanes = widest
-    for buf, indices in accesses:
-        if str(buf.scope()) != "global":
-            continue
-        *outer_ix, last = indices
-        if any(uses_inner(ix) for ix in outer_ix):
-            return 1
-        offset = ana.simplify(last - inner)
-        if uses_inner(offset):
-            return 1
-        mod = ana.modular_set(offset)
-        extent = buf.shape[-1]
-        extent = int(extent.value) if hasattr(extent, "value") else 1
-        while lanes > 1 and (extent % lanes or mod.coeff % lanes or mod.base % lanes):
-            lanes //= 2
+    while lanes > 1 and not aligned(lanes):
+        lanes //= 2
     return lanes
 
 
