@@ -32,17 +32,20 @@ class BuildResult:
     cuda_source_bytes: int = 0
     schedule: dict = field(default_factory=dict)  # tuned / default counts, per kernel info
     rule_failures: list[dict] = field(default_factory=list)  # CUDA schedule rules that raised
+    graph_rewrites: dict = field(default_factory=dict)  # CUDA graph rewrites: counts per kind
 
     def to_dict(self):
         return dataclasses.asdict(self)
 
 
 def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=None,
-                   extra_schedule_passes=(), rule_failures: list | None = None):
+                   extra_schedule_passes=(), rule_failures: list | None = None,
+                   rewrite_stats: dict | None = None):
     """The whole Relax pipeline (a Pass) amp uses for `target`. ``cuda``: a
     ``config.CudaConfig`` (CUDA graphs, conv-as-GEMM; None = defaults). Tuning records, then
     ``extra_schedule_passes``, run before amp's default schedules; ``rule_failures`` collects
-    the CUDA schedule rules that raised on a kernel (the next rule scheduled it)."""
+    the CUDA schedule rules that raised on a kernel (the next rule scheduled it),
+    ``rewrite_stats`` the counts of amp's graph rewrites."""
     extra = []
     if tuning_db:
         from .tune import apply_database_passes
@@ -59,7 +62,7 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=No
                                    combine_gemms=cuda.combine_gemms,
                                    split_k=cuda.split_k,
                                    implicit_gemm=cuda.implicit_gemm,
-                                   rule_failures=rule_failures)
+                                   rule_failures=rule_failures, rewrite_stats=rewrite_stats)
     from .schedule.cpu import cpu_relax_pipeline
 
     return cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)
@@ -81,7 +84,9 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
     note_step("relax pipeline")
     with tgt:
         failures: list = []
-        lowered = relax_pipeline(target, tuning_db, cuda, rule_failures=failures)(mod)
+        rewrites: dict = {}
+        lowered = relax_pipeline(target, tuning_db, cuda, rule_failures=failures,
+                                 rewrite_stats=rewrites)(mod)
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
                      if isinstance(f, tvm_compat.prim_func_class()))
     note_step("codegen")
@@ -105,7 +110,8 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
         target=target.spec, library=out_path, seconds=time.perf_counter() - start,
         size_bytes=os.path.getsize(out_path), kernels=kernels,
         legalized=[r.to_dict() for r in records], tensor_core_kernels=tc,
-        cuda_source_bytes=len(src), schedule=schedule, rule_failures=failures)
+        cuda_source_bytes=len(src), schedule=schedule, rule_failures=failures,
+        graph_rewrites=rewrites)
 
 
 def build(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None = None,

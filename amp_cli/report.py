@@ -97,6 +97,12 @@ def _fmt(v) -> str:
     return str(v)
 
 
+REWRITE_LABELS = {"convs_as_gemm": "convolutions as GEMMs",
+                  "implicit_gemm_convs": "of them implicit GEMMs",
+                  "combined_matmuls": "matmuls combined into wider GEMMs",
+                  "matmuls_nt": "matmuls in NT form", "split_k_gemms": "GEMMs split along K"}
+
+
 def render_markdown(r: dict) -> str:
     m, p, b, a = r["model"], r["precision"], r["build"], r.get("accuracy") or {}
     tgt = r["target"]
@@ -151,6 +157,10 @@ def render_markdown(r: dict) -> str:
                              + (" (TVM's cp.async ignores a copy's stride)" if guard else ""))
         else:
             lines.append("- CUDA legalization: no kernel needed a rewrite")
+    rewrites = {k: v for k, v in (b.get("graph_rewrites") or {}).items() if v}
+    if rewrites:
+        lines.append("- graph rewrites: " + ", ".join(
+            f"{n} {REWRITE_LABELS.get(k, k)}" for k, n in rewrites.items()))
     if b.get("rule_failures"):
         lines.append("- schedule rules that raised on a kernel (the next rule scheduled it):")
         for f in b["rule_failures"]:

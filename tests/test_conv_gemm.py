@@ -194,10 +194,12 @@ def test_implicit_gemm_reads_the_image_with_predicated_cp_async(resnet_like):
 
     mod, _ = convert_precision(resnet_like.mod, PrecisionConfig(precision="fp16"))
     tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    failures = []
+    failures, stats = [], {}
     with tgt:
-        lowered = cuda_relax_pipeline(tgt, implicit_gemm=True, rule_failures=failures)(mod)
+        lowered = cuda_relax_pipeline(tgt, implicit_gemm=True, rule_failures=failures,
+                                      rewrite_stats=stats)(mod)
     assert not failures, failures
+    assert stats["convs_as_gemm"] == 7 and stats["implicit_gemm_convs"] == 2, stats
     ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
                                   tir_pipeline=cuda_tir_pipeline(tgt, []))
     src = tvm_compat.cuda_source(ex)

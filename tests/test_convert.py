@@ -158,7 +158,11 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
     assert report["config"]["cuda"] == {"cuda_graph": False, "conv_as_gemm": True,
                                         "combine_gemms": True, "split_k": False,
                                         "implicit_gemm": False}
-    assert "CUDA graphs off, convolutions as GEMMs on" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "CUDA graphs off, convolutions as GEMMs on" in md
+    # the graph rewrites are counted: every matmul of tiny_bert has an fp16 constant weight
+    assert report["build"]["graph_rewrites"]["matmuls_nt"] > 0
+    assert "matmuls in NT form" in md
 
 
 def test_cuda_without_gpu_checks_accuracy_on_cpu(model_files, tmp_path):

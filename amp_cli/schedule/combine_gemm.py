@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import tvm_compat
 from .conv_gemm import LOW_TYPES, _static_shape
-from .rewrite import module_pass, rewrite_calls
+from .rewrite import add_counts, module_pass, rewrite_calls
 
 
 def _op_name(expr) -> str | None:
@@ -137,6 +137,12 @@ def combine_parallel_gemms(mod):
     return rewrite_calls(mod, rewrite, cleanup=relax.transform.CanonicalizeBindings())
 
 
-def combine_parallel_gemms_pass():
-    """:func:`combine_parallel_gemms` as a module pass (before matmul_nt)."""
-    return module_pass(lambda mod: combine_parallel_gemms(mod)[0], "AmpCombineParallelGemms")
+def combine_parallel_gemms_pass(stats: dict | None = None):
+    """:func:`combine_parallel_gemms` as a module pass (before matmul_nt); ``stats`` counts the
+    matmuls combined."""
+    def run(mod):
+        new, count = combine_parallel_gemms(mod)
+        add_counts(stats, combined_matmuls=count)
+        return new
+
+    return module_pass(run, "AmpCombineParallelGemms")

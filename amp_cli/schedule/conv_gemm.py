@@ -30,7 +30,7 @@ Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/
 from __future__ import annotations
 
 from .. import tvm_compat
-from .rewrite import module_pass, rewrite_calls
+from .rewrite import add_counts, module_pass, rewrite_calls
 
 LOW_TYPES = ("float16", "bfloat16")
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
@@ -148,8 +148,9 @@ def _implicit_gemm(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw, o
 
 
 def _rewrite_conv(bb, call, implicit: bool = False):
-    """Emit the GEMM form of an NHWC/OHWI conv2d call; returns the replacement expression.
-    ``implicit``: convs with C a multiple of 8 read the image inside the GEMM (no im2col)."""
+    """Emit the GEMM form of an NHWC/OHWI conv2d call; returns (the replacement expression,
+    whether it is an implicit GEMM). ``implicit``: convs with C a multiple of 8 read the image
+    inside the GEMM (no im2col)."""
     tvm = tvm_compat.tvm()
     relax, te, tirx = tvm.relax, tvm.te, tvm.tirx
     a = call.attrs
@@ -170,35 +171,41 @@ def _rewrite_conv(bb, call, implicit: bool = False):
         return bb.call_te(
             lambda xt, bt: _implicit_gemm(te, tirx, xt, bt, kh, kw, strides, padding, dilation,
                                           (ho, wo), out_dtype), x, wmat,
-            primfunc_name_hint="amp_conv_gemm_implicit")
+            primfunc_name_hint="amp_conv_gemm_implicit"), True
     else:
         cols = bb.emit_te(
             lambda xt: _im2col(te, tirx, xt, kh, kw, strides, padding, dilation, (ho, wo)), x,
             primfunc_name_hint="amp_im2col")
     wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
     return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), cols, wmat,
-                      primfunc_name_hint="amp_conv_gemm")
+                      primfunc_name_hint="amp_conv_gemm"), False
 
 
-def conv_to_gemm(mod, implicit: bool = False):
+def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None):
     """Return ``mod`` with eligible conv2d calls in GEMM form (see the module docstring); a module
     without any is returned unchanged (no layout change). ``implicit``: implicit GEMM (no im2col
-    tensor) for convs whose channel count is a multiple of 8."""
+    tensor) for convs whose channel count is a multiple of 8. ``stats`` counts what changed."""
     relax = tvm_compat.relax()
     if not count_gemm_convs(mod):
         return mod
     mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
 
+    implicit_count = []
+
     def rewrite(bb, call, _lookup):
-        return _rewrite_conv(bb, call, implicit) if _is_candidate(call, want_layout="NHWC") \
-            else None
+        if not _is_candidate(call, want_layout="NHWC"):
+            return None
+        new, is_implicit = _rewrite_conv(bb, call, implicit)
+        implicit_count.append(is_implicit)
+        return new
 
     # The rewrite leaves reshapes/layout transforms of constant weights: fold them before dead
     # code goes, so the GEMM's B operand is a plain constant before FuseOps groups kernels.
-    new, _ = rewrite_calls(mod, rewrite, cleanup=relax.transform.FoldConstant())
+    new, count = rewrite_calls(mod, rewrite, cleanup=relax.transform.FoldConstant())
+    add_counts(stats, convs_as_gemm=count, implicit_gemm_convs=sum(implicit_count))
     return new
 
 
-def conv_to_gemm_pass(implicit: bool = False):
+def conv_to_gemm_pass(implicit: bool = False, stats: dict | None = None):
     """``conv_to_gemm`` as a module pass (run after precision conversion, before LegalizeOps)."""
-    return module_pass(lambda mod: conv_to_gemm(mod, implicit), "AmpConvToGemm")
+    return module_pass(lambda mod: conv_to_gemm(mod, implicit, stats), "AmpConvToGemm")

@@ -103,7 +103,8 @@ def cuda_graph_config(enabled: bool = True) -> dict:
 
 def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, cuda_graph=True,
                         rule_failures: list | None = None, combine_gemms: bool = True,
-                        split_k: bool = False, implicit_gemm: bool = False):
+                        split_k: bool = False, implicit_gemm: bool = False,
+                        rewrite_stats: dict | None = None):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
@@ -111,6 +112,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     combine_gemms: parallel constant-weight matmuls on one input (Q/K/V) become one GEMM.
     split_k: long-K GEMMs too small to fill the GPU run as K-split partials + a sum.
     implicit_gemm: convs with C % 8 == 0 read the image inside the GEMM (no im2col tensor).
+    rewrite_stats: a dict that receives the graph rewrites' counts (for the build report).
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
@@ -125,10 +127,11 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
 
     @tvm.transform.module_pass(opt_level=0, name="AmpCUDAPipeline")
     def _pipeline(mod, ctx):
-        graph_passes = [conv_to_gemm_pass(implicit_gemm)] if conv_as_gemm else []
+        stats = rewrite_stats
+        graph_passes = [conv_to_gemm_pass(implicit_gemm, stats)] if conv_as_gemm else []
         if combine_gemms:
-            graph_passes.append(combine_parallel_gemms_pass())
-        graph_passes.append(matmul_to_nt_pass(_sm(target), split_k))
+            graph_passes.append(combine_parallel_gemms_pass(stats))
+        graph_passes.append(matmul_to_nt_pass(_sm(target), split_k, stats))
         # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
         # keeping the caller's other config and instruments.
         config = {str(k): v for k, v in ctx.config.items()}

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import tvm_compat
 from .conv_gemm import LOW_TYPES, _static_shape
-from .rewrite import module_pass, rewrite_calls
+from .rewrite import add_counts, module_pass, rewrite_calls
 
 
 def _permutation(call) -> list[int] | None:
@@ -159,6 +159,13 @@ def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False):
     return new, counts
 
 
-def matmul_to_nt_pass(sm: int | None = None, split_k: bool = False):
-    """:func:`matmul_to_nt` as a module pass (after precision conversion, before LegalizeOps)."""
-    return module_pass(lambda mod: matmul_to_nt(mod, sm, split_k)[0], "AmpMatmulToNT")
+def matmul_to_nt_pass(sm: int | None = None, split_k: bool = False, stats: dict | None = None):
+    """:func:`matmul_to_nt` as a module pass (after precision conversion, before LegalizeOps);
+    ``stats`` counts the matmuls made NT and those split along K."""
+    def run(mod):
+        new, counts = matmul_to_nt(mod, sm, split_k)
+        add_counts(stats, matmuls_nt=counts["constant"] + counts["transposed"],
+                   split_k_gemms=counts["split_k"])
+        return new
+
+    return module_pass(run, "AmpMatmulToNT")

@@ -58,6 +58,13 @@ def rewrite_calls(mod, fn: Callable, cleanup: Callable | None = None):
     return relax.transform.DeadCodeElimination(entry_functions(new))(new), rewriter.count
 
 
+def add_counts(stats: dict | None, **counts) -> None:
+    """Add ``counts`` into ``stats`` (a dict the build report shows; None: not collected)."""
+    if stats is not None:
+        for key, n in counts.items():
+            stats[key] = stats.get(key, 0) + int(n)
+
+
 def module_pass(fn: Callable, name: str):
     """``fn`` (module -> module) as a TVM module pass named ``name``."""
     tvm = tvm_compat.tvm()
