@@ -24,6 +24,24 @@ def tiny_onnx(tmp_path) -> Path:
 
 
 @pytest.fixture
+def fp16_encoder_layer(tmp_path):
+    """A BERT-shaped encoder layer (2x64 tokens, hidden 128, 2 heads, FFN 256) exported to ONNX,
+    loaded and converted to fp16: the Relax module amp's CUDA pipeline starts from."""
+    import onnx
+
+    import amp_cli
+    from amp_cli import models
+    from amp_cli.precision import PrecisionConfig, convert_precision
+
+    b = models.GraphBuilder(seed=3)
+    y = b.encoder_layer("x", batch=2, seq=64, hidden=128, heads=2, ffn=256)
+    model = b.model([("x", [2, 64, 128], "float32")], [(y, [2, 64, 128], "float32")])
+    onnx.save(model, str(tmp_path / "layer.onnx"))
+    loaded = amp_cli.load(tmp_path / "layer.onnx")
+    return convert_precision(loaded.mod, PrecisionConfig(precision="fp16"), loaded.node_types)[0]
+
+
+@pytest.fixture
 def cli():
     """cli(*args) -> click Result of `amp *args` run in-process (stdout and stderr apart)."""
     from click.testing import CliRunner

@@ -104,21 +104,12 @@ def test_what_is_left_alone():
     assert combine_parallel_gemms(two_inputs)[0].same_as(two_inputs)
 
 
-def test_bert_layer_qkv_is_one_tensor_core_gemm_on_sm90(tmp_path):
-    import onnx
-
-    import amp_cli
+def test_bert_layer_qkv_is_one_tensor_core_gemm_on_sm90(fp16_encoder_layer):
     from amp_cli.build import relax_pipeline
     from amp_cli.config import CudaConfig
-    from amp_cli.precision import PrecisionConfig, convert_precision
     from amp_cli.target import resolve_target
 
-    b = models.GraphBuilder(seed=3)
-    y = b.encoder_layer("x", batch=2, seq=64, hidden=128, heads=2, ffn=256)
-    model = b.model([("x", [2, 64, 128], "float32")], [(y, [2, 64, 128], "float32")])
-    onnx.save(model, str(tmp_path / "layer.onnx"))
-    loaded = amp_cli.load(tmp_path / "layer.onnx")
-    mod, _ = convert_precision(loaded.mod, PrecisionConfig(precision="fp16"), loaded.node_types)
+    mod = fp16_encoder_layer
     target = resolve_target("cuda:sm_90")
 
     def gemm_outputs(cuda):

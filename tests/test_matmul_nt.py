@@ -66,23 +66,14 @@ def test_fp32_and_non_transpose_operands_are_left_alone():
     assert matmul_to_nt(mod)[0].same_as(mod)
 
 
-def test_bert_layer_gemms_all_get_amp_tensor_core_schedule(tmp_path):
+def test_bert_layer_gemms_all_get_amp_tensor_core_schedule(fp16_encoder_layer):
     """Every GEMM of an encoder layer (QKV/out/FFN projections with [K, N] weights, q@k^T, p@v)
     reads K-contiguous operands after the rewrite, so each one gets tc_gemm's cp.async pipeline
     (before it, the weights' copies were strided and TVM's cp.async injection corrupted them)."""
-    import onnx
-
-    import amp_cli
     from amp_cli.build import relax_pipeline
-    from amp_cli.precision import PrecisionConfig, convert_precision
     from amp_cli.target import resolve_target
 
-    b = models.GraphBuilder(seed=3)
-    y = b.encoder_layer("x", batch=2, seq=64, hidden=128, heads=2, ffn=256)
-    model = b.model([("x", [2, 64, 128], "float32")], [(y, [2, 64, 128], "float32")])
-    onnx.save(model, str(tmp_path / "layer.onnx"))
-    loaded = amp_cli.load(tmp_path / "layer.onnx")
-    mod, _ = convert_precision(loaded.mod, PrecisionConfig(precision="fp16"), loaded.node_types)
+    mod = fp16_encoder_layer
     target = resolve_target("cuda:sm_90")
     with target.tvm_target():
         lowered = relax_pipeline(target)(mod)
