@@ -60,6 +60,7 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=No
         return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
                                    conv_as_gemm=cuda.conv_as_gemm, cuda_graph=cuda.cuda_graph,
                                    combine_gemms=cuda.combine_gemms,
+                                   sink_reshapes=cuda.sink_reshapes,
                                    split_k=cuda.split_k,
                                    implicit_gemm=cuda.implicit_gemm,
                                    rule_failures=rule_failures, rewrite_stats=rewrite_stats)

@@ -88,6 +88,7 @@ class CudaConfig:
 
     cuda_graph: bool = True  # capture the static middle of the model into one CUDA graph
     conv_as_gemm: bool = True  # fp16/bf16 convolutions as NHWC tensor-core GEMMs
+    sink_reshapes: bool = True  # flattening reshapes moved past GEMM epilogues (they fuse)
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = False  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
     implicit_gemm: bool = False  # convs (C % 8 == 0) read the image in the GEMM: no im2col

@@ -100,7 +100,8 @@ def _fmt(v) -> str:
 REWRITE_LABELS = {"convs_as_gemm": "convolutions as GEMMs",
                   "implicit_gemm_convs": "of them implicit GEMMs",
                   "combined_matmuls": "matmuls combined into wider GEMMs",
-                  "matmuls_nt": "matmuls in NT form", "split_k_gemms": "GEMMs split along K"}
+                  "matmuls_nt": "matmuls in NT form", "split_k_gemms": "GEMMs split along K",
+                  "reshapes_sunk": "ops moved before their flattening reshape"}
 
 
 def render_markdown(r: dict) -> str:

@@ -104,7 +104,7 @@ def cuda_graph_config(enabled: bool = True) -> dict:
 def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, cuda_graph=True,
                         rule_failures: list | None = None, combine_gemms: bool = True,
                         split_k: bool = False, implicit_gemm: bool = False,
-                        rewrite_stats: dict | None = None):
+                        rewrite_stats: dict | None = None, sink_reshapes: bool = True):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
@@ -113,6 +113,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     split_k: long-K GEMMs too small to fill the GPU run as K-split partials + a sum.
     implicit_gemm: convs with C % 8 == 0 read the image inside the GEMM (no im2col tensor).
     rewrite_stats: a dict that receives the graph rewrites' counts (for the build report).
+    sink_reshapes: move flattening reshapes past GEMMs and epilogues so the epilogues fuse.
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
@@ -122,6 +123,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
 
     from .combine_gemm import combine_parallel_gemms_pass
     from .conv_gemm import conv_to_gemm_pass
+    from .reshape_sink import sink_reshapes_pass
     from .tensorcore import _sm
     from .matmul_nt import matmul_to_nt_pass
 
@@ -129,6 +131,8 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     def _pipeline(mod, ctx):
         stats = rewrite_stats
         graph_passes = [conv_to_gemm_pass(implicit_gemm, stats)] if conv_as_gemm else []
+        if sink_reshapes:
+            graph_passes.append(sink_reshapes_pass(stats))
         if combine_gemms:
             graph_passes.append(combine_parallel_gemms_pass(stats))
         graph_passes.append(matmul_to_nt_pass(_sm(target), split_k, stats))

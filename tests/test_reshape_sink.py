@@ -1,0 +1,82 @@
+"""Flattening reshapes moved past GEMMs and their epilogues (amp_cli.schedule.reshape_sink): the
+values stay the same (llvm, random inputs), and in the sm_90 build a BERT layer's residual adds
+and GELU fuse into their GEMMs instead of running as separate kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+pytest.importorskip("onnx")
+
+from amp_cli import tvm_compat  # noqa: E402
+from amp_cli.schedule.reshape_sink import sink_reshapes  # noqa: E402
+
+relax = tvm.relax
+
+
+def _run_llvm(mod, x):
+    ex = tvm.compile(mod, target="llvm")
+    out = tvm_compat.relax_vm(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    out = out if hasattr(out, "numpy") else out[0]
+    return out.numpy().astype(np.float64)
+
+
+def _count(mod, op_name):
+    found = []
+    relax.analysis.post_order_visit(
+        mod["main"].body,
+        lambda e: found.append(e) if isinstance(e, relax.Call)
+        and getattr(e.op, "name", None) == op_name else None)
+    return len(found)
+
+
+def test_encoder_layer_keeps_its_values_with_fewer_reshapes(fp16_encoder_layer):
+    mod = fp16_encoder_layer
+    new, moved = sink_reshapes(mod)
+    assert moved > 0
+    assert _count(new, "relax.reshape") < _count(mod, "relax.reshape")
+    x = np.random.default_rng(0).standard_normal((2, 64, 128)).astype("float32")
+    ref, got = _run_llvm(mod, x), _run_llvm(new, x)
+    # the same ops on the same values in the same order: identical up to fp32 rounding
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+
+
+def test_what_is_left_alone():
+    """A reshape that splits axes ([M, N] -> [B, S, H, D]) and an elementwise op with another
+    full-size 2-D operand keep their reshapes."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8, 16), "float16"))
+    y = relax.Var("y", relax.TensorType((16, 16), "float16"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.reshape(x, [16, 16]))
+            summed = bb.emit(relax.op.add(flat, y))       # y is [16, 16]: no broadcast form
+            split = bb.emit(relax.op.reshape(summed, [2, 8, 2, 8]))
+            gv = bb.emit_output(relax.op.multiply(split, relax.const(2.0, "float16")))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    new, moved = sink_reshapes(mod)
+    assert moved == 0 and new.same_as(mod)
+
+
+def test_bert_layer_epilogues_fuse_into_gemms_on_sm90(fp16_encoder_layer):
+    from amp_cli.build import relax_pipeline
+    from amp_cli.config import CudaConfig
+    from amp_cli.target import resolve_target
+
+    target = resolve_target("cuda:sm_90")
+
+    def kernels(cuda):
+        with target.tvm_target():
+            lowered = relax_pipeline(target, cuda=cuda)(fp16_encoder_layer)
+        return sorted(gv.name_hint for gv, f in lowered.functions.items()
+                      if isinstance(f, tvm_compat.prim_func_class()))
+
+    sunk, plain = kernels(None), kernels(CudaConfig(sink_reshapes=False))
+    gemms = [k for k in sunk if "matmul_nt" in k]
+    assert any("erf" in k for k in gemms), gemms                      # GELU in FFN-up's store
+    assert sum(k.count("add") >= 2 for k in gemms) >= 2, gemms        # bias + residual adds
+    assert not any(k.startswith("fused_reshape") for k in sunk), sunk
+    assert any(k.startswith("fused_reshape") for k in plain), plain  # what it was before
+    assert len(sunk) < len(plain)
