@@ -56,14 +56,10 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=No
         from .config import CudaConfig
         from .schedule.cuda import cuda_relax_pipeline
 
-        cuda = cuda or CudaConfig()
+        # CudaConfig's fields are cuda_relax_pipeline's switches, by name
         return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
-                                   conv_as_gemm=cuda.conv_as_gemm, cuda_graph=cuda.cuda_graph,
-                                   combine_gemms=cuda.combine_gemms,
-                                   sink_reshapes=cuda.sink_reshapes,
-                                   split_k=cuda.split_k,
-                                   implicit_gemm=cuda.implicit_gemm,
-                                   rule_failures=rule_failures, rewrite_stats=rewrite_stats)
+                                   rule_failures=rule_failures, rewrite_stats=rewrite_stats,
+                                   **dataclasses.asdict(cuda or CudaConfig()))
     from .schedule.cpu import cpu_relax_pipeline
 
     return cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)

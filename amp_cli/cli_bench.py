@@ -60,8 +60,9 @@ def _compare_list(_ctx, _param, value):
 @_debug_option
 @click.pass_context
 def bench(ctx, target_or_model, target, precision, accumulate, config_file, input_shapes,
-          keep_io_types, exclude_ops, exclude_nodes, tuning_db, cuda_graph, warmup, repeat, number, compare,
-          inputs_npz, seed, json_out, plot_out, max_latency_ratio, max_rel_error, threads):
+          keep_io_types, exclude_ops, exclude_nodes, tuning_db, cuda_graph, warmup, repeat,
+          number, compare, inputs_npz, seed, json_out, plot_out, max_latency_ratio,
+          max_rel_error, threads):
     """Time and check TARGET_OR_MODEL: an OUTDIR written by `amp convert`, or a model
     (.onnx, .pt2, pkg.module:factory), converted first with the convert options.
 

@@ -30,17 +30,13 @@ import numpy as np
 
 from .. import tvm_compat
 from .conv_gemm import LOW_TYPES, _static_shape
-from .rewrite import add_counts, module_pass, rewrite_calls
-
-
-def _op_name(expr) -> str | None:
-    return getattr(getattr(expr, "op", None), "name", None)
+from .rewrite import add_counts, module_pass, op_name, rewrite_calls
 
 
 def _matmul_key(call):
     """(x, K, dtype, out_dtype) for a matmul this pass can combine, else None."""
     relax = tvm_compat.relax()
-    if _op_name(call) != "relax.matmul":
+    if op_name(call) != "relax.matmul":
         return None
     x, w = call.args
     if not isinstance(x, relax.Var) or not isinstance(w, tvm_compat.tvm().ir.expr.Constant):
@@ -54,9 +50,9 @@ def _matmul_key(call):
     return x, w_shape[0], x.ty.dtype, out if out not in ("", "void") else x.ty.dtype
 
 
-def _groups(mod) -> list[list]:
-    """Groups (>= 2) of combinable matmul bindings, as lists of (var, call), per dataflow block;
-    each with ``cast_ok``: every output only feeds a cast to the input's low type."""
+def _groups(mod) -> list[dict]:
+    """Groups of >= 2 combinable matmuls per dataflow block, as dicts: ``members`` (var, call)
+    pairs, ``low``/``out`` dtypes, and ``cast_ok``: every output only feeds a cast to ``low``."""
     relax = tvm_compat.relax()
     groups = []
     for func in mod.functions.values():
@@ -87,7 +83,7 @@ def _groups(mod) -> list[list]:
                     continue
                 cast_ok = out != dt and all(
                     (u := uses.get(var, [])) and all(
-                        _op_name(c) == "relax.astype" and str(c.attrs.dtype) == dt for c in u)
+                        op_name(c) == "relax.astype" and str(c.attrs.dtype) == dt for c in u)
                     for var, _ in members)
                 groups.append({"members": members, "cast_ok": cast_ok, "low": dt,
                                "out": out})
@@ -112,7 +108,7 @@ def combine_parallel_gemms(mod):
     done = {}  # id(group) -> replacement exprs of its members
 
     def rewrite(bb, call, _lookup):
-        if _op_name(call) != "relax.matmul" or call.args[1] not in by_weight:
+        if op_name(call) != "relax.matmul" or call.args[1] not in by_weight:
             return None
         group, index = by_weight[call.args[1]]
         if id(group) not in done:

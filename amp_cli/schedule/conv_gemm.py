@@ -30,7 +30,7 @@ Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/
 from __future__ import annotations
 
 from .. import tvm_compat
-from .rewrite import add_counts, module_pass, rewrite_calls
+from .rewrite import add_counts, module_pass, op_name, rewrite_calls
 
 LOW_TYPES = ("float16", "bfloat16")
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
@@ -51,7 +51,7 @@ def _static_shape(expr) -> list[int] | None:
 
 def _is_candidate(call, want_layout: str | None = None) -> bool:
     """fp16/bf16, groups=1, static-shape conv2d (in ``want_layout`` when given)."""
-    if not (hasattr(call, "op") and getattr(call.op, "name", None) == "relax.nn.conv2d"):
+    if op_name(call) != "relax.nn.conv2d":
         return False
     a = call.attrs
     if int(a.groups) != 1:

@@ -34,13 +34,11 @@ def _fallible(rule, failures: list | None = None):
     class Fallible(dl.ScheduleRule):
         def __init__(self):
             self.rule = rule
-            self.failures = 0
 
         def apply(self, func, target, tunable):
             try:
                 return self.rule.apply(func, target, tunable)
             except Exception as exc:  # noqa: BLE001 - any rule bug means "not this rule"
-                self.failures += 1
                 if failures is not None:
                     name = func.attrs.get(KERNEL_NAME_ATTR, None) if func.attrs else None
                     lines = str(exc).strip().splitlines()
@@ -123,9 +121,9 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
 
     from .combine_gemm import combine_parallel_gemms_pass
     from .conv_gemm import conv_to_gemm_pass
+    from .matmul_nt import matmul_to_nt_pass
     from .reshape_sink import sink_reshapes_pass
     from .tensorcore import _sm
-    from .matmul_nt import matmul_to_nt_pass
 
     @tvm.transform.module_pass(opt_level=0, name="AmpCUDAPipeline")
     def _pipeline(mod, ctx):

@@ -27,12 +27,12 @@ import numpy as np
 
 from .. import tvm_compat
 from .conv_gemm import LOW_TYPES, _static_shape
-from .rewrite import add_counts, module_pass, rewrite_calls
+from .rewrite import add_counts, module_pass, op_name, rewrite_calls
 
 
 def _permutation(call) -> list[int] | None:
     """The axes of a static-shape ``permute_dims`` call, else None."""
-    if getattr(getattr(call, "op", None), "name", None) != "relax.permute_dims":
+    if op_name(call) != "relax.permute_dims":
         return None
     shape = _static_shape(call.args[0])
     if shape is None or len(shape) < 2:
@@ -98,7 +98,7 @@ def _nt_operands(call, lookup):
     """(A, B_nt, kind) when ``call`` is a matmul this pass rewrites, else None. ``B_nt`` is a
     Relax expression of shape [..., N, K]."""
     relax = tvm_compat.relax()
-    if getattr(getattr(call, "op", None), "name", None) != "relax.matmul":
+    if op_name(call) != "relax.matmul":
         return None
     a, b = call.args
     a_shape, b_shape = _static_shape(a), _static_shape(b)

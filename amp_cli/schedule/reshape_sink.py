@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .. import tvm_compat
 from .conv_gemm import _static_shape
-from .rewrite import add_counts, module_pass, rewrite_calls
+from .rewrite import add_counts, module_pass, op_name, rewrite_calls
 
 # Relax ops computed element by element (with numpy broadcasting), safe to move a reshape past
 ELEMENTWISE = {f"relax.{n}" for n in (
@@ -33,20 +33,21 @@ ELEMENTWISE = {f"relax.{n}" for n in (
     "nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "floor_divide", "where")}
 
 
-def _op_name(expr) -> str | None:
-    return getattr(getattr(expr, "op", None), "name", None)
+def _reshape_of(lookup, expr):
+    """``z`` when ``expr`` is a Var bound to ``reshape(z, ...)``, else None."""
+    relax = tvm_compat.relax()
+    if not isinstance(expr, relax.Var):
+        return None
+    bound = lookup(expr)
+    return bound.args[0] if op_name(bound) == "relax.reshape" else None
 
 
 def _flattening(lookup, expr):
     """(source, shape) when ``expr`` is bound to ``reshape(source, [M, K])`` that flattens all
     leading axes of ``source`` (rank >= 3, same last axis K), else None."""
-    relax = tvm_compat.relax()
-    if not isinstance(expr, relax.Var):
+    src = _reshape_of(lookup, expr)
+    if src is None:
         return None
-    bound = lookup(expr)
-    if _op_name(bound) != "relax.reshape":
-        return None
-    src = bound.args[0]
     src_shape, out_shape = _static_shape(src), _static_shape(expr)
     if src_shape is None or out_shape is None or len(src_shape) < 3:
         return None
@@ -61,12 +62,9 @@ def _merging(bb, lookup, expr):
     K])`` (it fuses with src's producer) and return it as the source of a flattening, else
     None."""
     relax = tvm_compat.relax()
-    if not isinstance(expr, relax.Var):
+    src = _reshape_of(lookup, expr)
+    if src is None:
         return None
-    bound = lookup(expr)
-    if _op_name(bound) != "relax.reshape":
-        return None
-    src = bound.args[0]
     src_shape, out_shape = _static_shape(src), _static_shape(expr)
     if src_shape is None or out_shape is None or len(out_shape) != 2:
         return None
@@ -98,7 +96,7 @@ def sink_reshapes(mod):
     relax = tvm_compat.relax()
 
     def rewrite(bb, call, lookup):
-        name = _op_name(call)
+        name = op_name(call)
         if name == "relax.reshape":
             inner = _reshape_of(lookup, call.args[0])
             if inner is None:
@@ -139,21 +137,12 @@ def sink_reshapes(mod):
 
     def counting(bb, call, lookup):
         new = rewrite(bb, call, lookup)
-        if new is not None and _op_name(call) != "relax.reshape":
+        if new is not None and op_name(call) != "relax.reshape":
             counted.append(1)
         return new
 
     new, _ = rewrite_calls(mod, counting)
     return new, len(counted)
-
-
-def _reshape_of(lookup, expr):
-    """``z`` when ``expr`` is a Var bound to ``reshape(z, ...)``, else None."""
-    relax = tvm_compat.relax()
-    if not isinstance(expr, relax.Var):
-        return None
-    bound = lookup(expr)
-    return bound.args[0] if _op_name(bound) == "relax.reshape" else None
 
 
 def sink_reshapes_pass(stats: dict | None = None):

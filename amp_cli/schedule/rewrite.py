@@ -1,4 +1,5 @@
-"""Call-level rewriting of Relax modules, shared by amp's graph passes (conv_gemm, matmul_nt).
+"""Call-level rewriting of Relax modules, shared by amp's graph passes (conv_gemm,
+reshape_sink, combine_gemm, matmul_nt).
 
 ``rewrite_calls(mod, fn)`` visits every call of every Relax function bottom-up (arguments are
 rewritten first) and replaces a call by what ``fn(builder, call, lookup)`` returns, or keeps it
@@ -12,6 +13,11 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import tvm_compat
+
+
+def op_name(expr) -> str | None:
+    """The op name of a Relax call (``"relax.matmul"``), None for anything else."""
+    return getattr(getattr(expr, "op", None), "name", None)
 
 
 def _mutator_class():
