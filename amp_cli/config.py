@@ -90,7 +90,8 @@ class CudaConfig:
     conv_as_gemm: bool = True  # fp16/bf16 convolutions as NHWC tensor-core GEMMs
     sink_reshapes: bool = True  # flattening reshapes moved past GEMM epilogues (they fuse)
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
-    split_k: bool = False  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
+    split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
+    fused_attention: bool = True  # softmax(Q K^T) V as one kernel (fp16, S % 64 == 0)
     implicit_gemm: bool = False  # convs (C % 8 == 0) read the image in the GEMM: no im2col
 
 

@@ -101,7 +101,9 @@ REWRITE_LABELS = {"convs_as_gemm": "convolutions as GEMMs",
                   "implicit_gemm_convs": "of them implicit GEMMs",
                   "combined_matmuls": "matmuls combined into wider GEMMs",
                   "matmuls_nt": "matmuls in NT form", "split_k_gemms": "GEMMs split along K",
-                  "reshapes_sunk": "ops moved before their flattening reshape"}
+                  "reshapes_sunk": "ops moved before their flattening reshape",
+                  "attention_fused": "attention cores fused into one kernel",
+                  "attention_unfused": "attention cores left unfused (shape)"}
 
 
 def render_markdown(r: dict) -> str:

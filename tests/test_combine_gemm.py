@@ -75,6 +75,8 @@ def test_three_projections_become_one_gemm_with_the_same_values(consumer):
     # the cast moves before the slices only when every output is cast to fp16 anyway
     sliced = _op_dtypes(new, "relax.strided_slice")
     assert sliced == ["float16" if consumer == "cast" else "float32"] * 3
+    # with the casts, the three bias adds become one add on the combined output (its epilogue)
+    assert len(_op_dtypes(new, "relax.add")) == (1 if consumer == "cast" else 0)
     x = np.random.default_rng(1).uniform(-2, 2, (2, 24, 40)).astype("float16")
     ref, got = _run_llvm(mod, x), _run_llvm(new, x)
     assert np.count_nonzero(ref) > 0.99 * ref.size  # a real signal (fp16 may round one to 0)

@@ -71,19 +71,22 @@ def test_bert_layer_gemms_all_get_amp_tensor_core_schedule(fp16_encoder_layer):
     reads K-contiguous operands after the rewrite, so each one gets tc_gemm's cp.async pipeline
     (before it, the weights' copies were strided and TVM's cp.async injection corrupted them)."""
     from amp_cli.build import relax_pipeline
+    from amp_cli.config import CudaConfig
     from amp_cli.target import resolve_target
 
     mod = fp16_encoder_layer
     target = resolve_target("cuda:sm_90")
-    with target.tvm_target():
-        lowered = relax_pipeline(target)(mod)
-    gemms = [gv.name_hint for gv, f in lowered.functions.items()
-             if isinstance(f, tvm_compat.prim_func_class()) and "matmul" in gv.name_hint]
-    pipelined = [gv.name_hint for gv, f in lowered.functions.items()
-                 if isinstance(f, tvm_compat.prim_func_class())
-                 and "software_pipeline_async_stages" in f.script()]
-    # 8 GEMMs (q/k/v combined into one by combine_gemm: 6), 6 distinct PrimFuncs
-    assert len(gemms) == 6 and sorted(pipelined) == sorted(gemms)
+    for cuda, count in ((CudaConfig(fused_attention=False), 6), (None, 4)):
+        with target.tvm_target():
+            lowered = relax_pipeline(target, cuda=cuda)(mod)
+        gemms = [gv.name_hint for gv, f in lowered.functions.items()
+                 if isinstance(f, tvm_compat.prim_func_class()) and "matmul" in gv.name_hint]
+        pipelined = [gv.name_hint for gv, f in lowered.functions.items()
+                     if isinstance(f, tvm_compat.prim_func_class())
+                     and "software_pipeline_async_stages" in f.script()]
+        # 8 GEMMs (q/k/v combined into one by combine_gemm: 6), 6 distinct PrimFuncs; with
+        # fused attention q@k^T and p@v are inside the attention kernel: 4
+        assert len(gemms) == count and sorted(pipelined) == sorted(gemms), cuda
 
 
 # ------------------------------------------------------------------------------------ split-K

@@ -21,8 +21,11 @@ same. When the GEMM accumulates in fp32 and *every* ``y_i`` is only consumed by 
 input's low type (amp's mixed-precision graphs: ``astype(matmul(...), float16)``), the cast moves
 in front of the slices (``g16 = astype(g)``, ``y_i = astype(slice(g16), float32)``): the GEMM then
 writes fp16 with the cast fused into its epilogue instead of a 2x larger fp32 tensor, and the
-fp16 -> fp32 -> fp16 round trip of each slice is exact. The slices fuse into their consumers
-(bias add, head-split reshape/transpose), so no extra kernel appears.
+fp16 -> fp32 -> fp16 round trip of each slice is exact. When, further, every cast output's only
+use is the add of a constant bias vector (the projections' biases), the biases are concatenated
+and added once before the slices (``y_i = slice(g16 + concat(b_i))``, the same fp16 additions), so
+the bias add runs in the GEMM's epilogue and the slices are plain views that fused_attention can
+read in place.
 """
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def _groups(mod) -> list[dict]:
                     continue
                 for arg in value.args:
                     if isinstance(arg, relax.Var):
-                        uses.setdefault(arg, []).append(value)
+                        uses.setdefault(arg, []).append((binding.var, value))
                 key = _matmul_key(value)
                 if key is not None:
                     x, k, dt, out = key
@@ -83,11 +86,30 @@ def _groups(mod) -> list[dict]:
                     continue
                 cast_ok = out != dt and all(
                     (u := uses.get(var, [])) and all(
-                        op_name(c) == "relax.astype" and str(c.attrs.dtype) == dt for c in u)
+                        op_name(c) == "relax.astype" and str(c.attrs.dtype) == dt for _, c in u)
                     for var, _ in members)
+                biases = [_bias(uses, var, call, dt) for var, call in members] if cast_ok else []
                 groups.append({"members": members, "cast_ok": cast_ok, "low": dt,
-                               "out": out})
+                               "out": out, "biases": biases if all(
+                                   b is not None for b in biases) and biases else None})
     return groups
+
+
+def _bias(uses, var, call, low):
+    """The constant bias vector added to ``astype(var, low)`` when that cast has exactly one use
+    and it is ``add(cast, bias)`` with a 1-D constant of the matmul's width, else None."""
+    casts = uses.get(var, [])
+    if len(casts) != 1:
+        return None
+    adds = uses.get(casts[0][0], [])
+    if len(adds) != 1 or op_name(adds[0][1]) != "relax.add":
+        return None
+    a, b = adds[0][1].args
+    width = _static_shape(call.args[1])[1]
+    if (not a.same_as(casts[0][0]) or not isinstance(b, tvm_compat.tvm().ir.expr.Constant)
+            or _static_shape(b) != [width] or b.ty.dtype != low):
+        return None
+    return b
 
 
 def combine_parallel_gemms(mod):
@@ -105,9 +127,19 @@ def combine_parallel_gemms(mod):
     for g in groups:
         for index, (_var, call) in enumerate(g["members"]):
             by_weight[call.args[1]] = (g, index)
+    by_bias = {}   # bias constant -> (group, index) when the group's biases fold
+    for g in groups:
+        for index, b in enumerate(g["biases"] or []):
+            by_bias[b] = (g, index)
     done = {}  # id(group) -> replacement exprs of its members
+    biased = {}  # id(group) -> the bias-added fp16 slices
 
     def rewrite(bb, call, _lookup):
+        if op_name(call) == "relax.add" and call.args[1] in by_bias:
+            group, index = by_bias[call.args[1]]
+            if id(group) in biased:   # its matmul was rewritten (it comes first)
+                return biased[id(group)][index]
+            return None
         if op_name(call) != "relax.matmul" or call.args[1] not in by_weight:
             return None
         group, index = by_weight[call.args[1]]
@@ -119,18 +151,27 @@ def combine_parallel_gemms(mod):
             if group["cast_ok"]:
                 g = bb.emit(relax.op.astype(g, group["low"]))
             axis = len(_static_shape(call.args[0])) - 1
-            outs, start = [], 0
+            outs, start, with_bias = [], 0, []
+            if group["biases"]:
+                bias = np.concatenate([b.value.numpy() for b in group["biases"]])
+                gb = bb.emit(relax.op.add(g, relax.const(bias, group["low"])))
             for w in weights:
                 y = bb.emit(relax.op.strided_slice(g, [axis], [start], [start + w.shape[1]]))
+                if group["biases"]:
+                    with_bias.append(bb.emit(relax.op.strided_slice(
+                        gb, [axis], [start], [start + w.shape[1]])))
                 if group["cast_ok"]:
                     y = bb.emit(relax.op.astype(y, group["out"]))
                 outs.append(y)
                 start += w.shape[1]
             done[id(group)] = outs
+            if with_bias:
+                biased[id(group)] = with_bias
         return done[id(group)][index]
 
     # the members' old bindings are now aliases of the slices: fold them away
-    return rewrite_calls(mod, rewrite, cleanup=relax.transform.CanonicalizeBindings())
+    new, _ = rewrite_calls(mod, rewrite, cleanup=relax.transform.CanonicalizeBindings())
+    return new, sum(len(g["members"]) for g in groups if id(g) in done)
 
 
 def combine_parallel_gemms_pass(stats: dict | None = None):

@@ -101,8 +101,9 @@ def cuda_graph_config(enabled: bool = True) -> dict:
 
 def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, cuda_graph=True,
                         rule_failures: list | None = None, combine_gemms: bool = True,
-                        split_k: bool = False, implicit_gemm: bool = False,
-                        rewrite_stats: dict | None = None, sink_reshapes: bool = True):
+                        split_k: bool = True, implicit_gemm: bool = False,
+                        rewrite_stats: dict | None = None, sink_reshapes: bool = True,
+                        fused_attention: bool = True):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
@@ -112,6 +113,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     implicit_gemm: convs with C % 8 == 0 read the image inside the GEMM (no im2col tensor).
     rewrite_stats: a dict that receives the graph rewrites' counts (for the build report).
     sink_reshapes: move flattening reshapes past GEMMs and epilogues so the epilogues fuse.
+    fused_attention: softmax(Q K^T * scale) V as one kernel (see fused_attention).
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
@@ -121,9 +123,10 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
 
     from .combine_gemm import combine_parallel_gemms_pass
     from .conv_gemm import conv_to_gemm_pass
+    from .fused_attention import fuse_attention_pass
     from .matmul_nt import matmul_to_nt_pass
     from .reshape_sink import sink_reshapes_pass
-    from .tensorcore import _sm
+    from .tensorcore import arch_sm
 
     @tvm.transform.module_pass(opt_level=0, name="AmpCUDAPipeline")
     def _pipeline(mod, ctx):
@@ -133,7 +136,9 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
             graph_passes.append(sink_reshapes_pass(stats))
         if combine_gemms:
             graph_passes.append(combine_parallel_gemms_pass(stats))
-        graph_passes.append(matmul_to_nt_pass(_sm(target), split_k, stats))
+        if fused_attention and arch_sm(target) >= 80:
+            graph_passes.append(fuse_attention_pass(arch_sm(target), stats))
+        graph_passes.append(matmul_to_nt_pass(arch_sm(target), split_k, stats))
         # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
         # keeping the caller's other config and instruments.
         config = {str(k): v for k, v in ctx.config.items()}

@@ -27,7 +27,7 @@ BF16_MIN_SM = 80
 TC_MIN_SM = 70
 
 
-def _sm(target) -> int:
+def arch_sm(target) -> int:
     arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
     digits = "".join(ch for ch in arch.split("_")[-1] if ch.isdigit())
     return int(digits) if digits else 0
@@ -137,7 +137,7 @@ def _make_rule():
             self.own_gemm = own_gemm
 
         def _wants_tensor_cores(self, func, target) -> str | None:
-            sm = _sm(target)
+            sm = arch_sm(target)
             if sm < TC_MIN_SM or "dlight.do_not_tensorize" in (func.attrs or {}):
                 return None
             info = gemm_extents(func)
@@ -157,7 +157,7 @@ def _make_rule():
             if isinstance(func, tvm_compat.prim_func_class()) and self.is_target_available(target):
                 kind = self._wants_tensor_cores(func, target)
             if kind is not None and self.own_gemm:
-                sch = _own_schedule(func, kind, _sm(target))
+                sch = _own_schedule(func, kind, arch_sm(target))
                 if sch is not None:
                     return sch
             if kind == "float16":
