@@ -92,7 +92,7 @@ class CudaConfig:
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
     fused_attention: bool = True  # softmax(Q K^T) V as one kernel (fp16, S % 64 == 0)
-    implicit_gemm: bool = False  # convs (C % 8 == 0) read the image in the GEMM: no im2col
+    implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
 
 
 @dataclass

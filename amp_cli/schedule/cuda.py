@@ -101,7 +101,7 @@ def cuda_graph_config(enabled: bool = True) -> dict:
 
 def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, cuda_graph=True,
                         rule_failures: list | None = None, combine_gemms: bool = True,
-                        split_k: bool = True, implicit_gemm: bool = False,
+                        split_k: bool = True, implicit_gemm: bool = True,
                         rewrite_stats: dict | None = None, sink_reshapes: bool = True,
                         fused_attention: bool = True):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
