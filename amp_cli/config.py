@@ -91,7 +91,7 @@ class CudaConfig:
     sink_reshapes: bool = True  # flattening reshapes moved past GEMM epilogues (they fuse)
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
-    fused_attention: bool = True  # softmax(Q K^T) V as one kernel (fp16, S % 64 == 0)
+    fused_attention: bool = True  # softmax(Q K^T) V as one kernel (fp16, no mask, S 64..256)
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
 
 
