@@ -11,6 +11,7 @@ pytest.importorskip("onnx")
 
 from amp_cli import models, tvm_compat  # noqa: E402
 from amp_cli.schedule.combine_gemm import combine_parallel_gemms  # noqa: E402
+from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -39,25 +40,12 @@ def _qkv_module(dtype="float16", out_dtype="float32", tokens=24, hidden=40, widt
 
 
 def _matmul_shapes(mod):
-    shapes = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and getattr(e.op, "name", None) == "relax.matmul":
-            shapes.append([int(d) for d in e.ty.shape.values])
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
-    return shapes
+    return [[int(d) for d in c.ty.shape.values] for c in calls(mod)
+            if op_name(c) == "relax.matmul"]
 
 
-def _op_dtypes(mod, op_name):
-    dtypes = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and getattr(e.op, "name", None) == op_name:
-            dtypes.append(str(e.ty.dtype))
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
-    return dtypes
+def _op_dtypes(mod, name):
+    return [str(c.ty.dtype) for c in calls(mod) if op_name(c) == name]
 
 
 def _run_llvm(mod, x):

@@ -17,6 +17,7 @@ pytest.importorskip("onnx")
 
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.schedule.conv_gemm import conv_to_gemm, count_gemm_convs  # noqa: E402
+from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -46,14 +47,7 @@ def _run_llvm(mod, x):
 
 
 def _ops(mod) -> list[str]:
-    names = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and hasattr(e.op, "name"):
-            names.append(e.op.name)
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
-    return names
+    return [name for name in map(op_name, calls(mod)) if name]
 
 
 # (n, c, h, w, o, k, stride, pad, dilation)

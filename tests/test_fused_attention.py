@@ -12,6 +12,7 @@ tvm = pytest.importorskip("tvm")
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.schedule import attention_kernel as ak  # noqa: E402
 from amp_cli.schedule.fused_attention import fuse_attention  # noqa: E402
+from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -44,14 +45,7 @@ def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=False, kt_input=Fa
 
 
 def _ops(mod) -> list[str]:
-    names = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and hasattr(e.op, "name"):
-            names.append(e.op.name)
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
-    return names
+    return [name for name in map(op_name, calls(mod)) if name]
 
 
 def test_attention_core_becomes_one_call_reading_the_untransposed_inputs():
@@ -80,10 +74,8 @@ def test_the_encoder_layer_fixture_is_fused(fp16_encoder_layer):
     new, fused, _ = fuse_attention(mod, 90)
     ops = _ops(new)
     assert fused == 1 and "relax.strided_slice" not in ops and "relax.permute_dims" not in ops
-    calls = []
-    relax.analysis.post_order_visit(new["main"].body, lambda e: calls.append(e) if isinstance(
-        e, relax.Call) and getattr(e.op, "name", None) == "relax.call_tir" else None)
-    assert [[int(x) for x in a.ty.shape.values] for a in calls[0].args[1].fields] == [
+    kernel = [c for c in calls(new) if op_name(c) == "relax.call_tir"]
+    assert [[int(x) for x in a.ty.shape.values] for a in kernel[0].args[1].fields] == [
         [2, 64, 384]] * 3
 
 

@@ -11,6 +11,7 @@ pytest.importorskip("onnx")
 
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.schedule.reshape_sink import sink_reshapes  # noqa: E402
+from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -22,13 +23,8 @@ def _run_llvm(mod, x):
     return out.numpy().astype(np.float64)
 
 
-def _count(mod, op_name):
-    found = []
-    relax.analysis.post_order_visit(
-        mod["main"].body,
-        lambda e: found.append(e) if isinstance(e, relax.Call)
-        and getattr(e.op, "name", None) == op_name else None)
-    return len(found)
+def _count(mod, name):
+    return sum(1 for c in calls(mod) if op_name(c) == name)
 
 
 def test_encoder_layer_keeps_its_values_with_fewer_reshapes(fp16_encoder_layer):

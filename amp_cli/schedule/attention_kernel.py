@@ -22,6 +22,7 @@ head dimension must be innermost (16-byte vector loads).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .. import tvm_compat
@@ -83,7 +84,7 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
                    q: Operand, k: Operand, v: Operand, out: Operand):
     """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, fp16 in and
     out, fp32 inside. Shapes as in the operands; scheduled already (``tir.is_scheduled``)."""
-    tvm = tvm_compat.tvm()
+    tvm_compat.tvm()  # a clear error when TVM is missing
     from tvm.script import tirx as T  # noqa: PLC0415 - version-bound
 
     B, H, S, D = batch, heads, seq, head_dim
@@ -96,16 +97,22 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
     q_vecs, kv_vecs, o_vecs = BLOCK_Q * D // VEC, S * D // VEC, BLOCK_Q * D // VEC
     scale = float(scale)
 
-    def flat(opnd):
-        n = 1
-        for x in opnd.shape:
-            n *= x
-        return n
-
     (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
         q.strides, k.strides, v.strides, out.strides)
     q_off, k_off, v_off, o_off = q.offset, k.offset, v.offset, out.offset
-    NQ, NK, NV, NO = flat(q), flat(k), flat(v), flat(out)
+    NQ, NK, NV, NO = (math.prod(x.shape) for x in (q, k, v, out))
+
+    @T.macro
+    def load_rows(dst, src, base, row_stride, vecs, tid):
+        """Rows of D fp16 from ``src[base + row * row_stride + d]`` into ``dst[row * LDH + d]``,
+        one 16-byte vector per thread and step."""
+        for it in T.serial((vecs + THREADS - 1) // THREADS):
+            if it * THREADS + tid < vecs:
+                for l in T.vectorized(VEC):
+                    dst[(it * THREADS + tid) // (D // VEC) * LDH
+                        + (it * THREADS + tid) % (D // VEC) * VEC + l] = src[
+                        base + (it * THREADS + tid) // (D // VEC) * row_stride
+                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
 
     @T.prim_func(private=True, s_tir=True)
     def attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
@@ -139,25 +146,9 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         q0 = bx % NQB * BLOCK_Q
         tid = ty * 32 + tx
         # 1. global -> shared (16-byte vectors along D)
-        for it in T.serial((q_vecs + THREADS - 1) // THREADS):
-            if it * THREADS + tid < q_vecs:
-                for l in T.vectorized(VEC):
-                    q_sh[(it * THREADS + tid) // (D // VEC) * LDH
-                         + (it * THREADS + tid) % (D // VEC) * VEC + l] = qf[
-                        q_off + b * qb + h * qh + (q0 + (it * THREADS + tid) // (D // VEC)) * qs
-                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
-        for it in T.serial((kv_vecs + THREADS - 1) // THREADS):
-            if it * THREADS + tid < kv_vecs:
-                for l in T.vectorized(VEC):
-                    k_sh[(it * THREADS + tid) // (D // VEC) * LDH
-                         + (it * THREADS + tid) % (D // VEC) * VEC + l] = kf[
-                        k_off + b * kb + h * kh + (it * THREADS + tid) // (D // VEC) * ks
-                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
-                for l in T.vectorized(VEC):
-                    v_sh[(it * THREADS + tid) // (D // VEC) * LDH
-                         + (it * THREADS + tid) % (D // VEC) * VEC + l] = vf[
-                        v_off + b * vb + h * vh + (it * THREADS + tid) // (D // VEC) * vs
-                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
+        load_rows(q_sh, qf, q_off + b * qb + h * qh + q0 * qs, qs, q_vecs, tid)
+        load_rows(k_sh, kf, k_off + b * kb + h * kh, ks, kv_vecs, tid)
+        load_rows(v_sh, vf, v_off + b * vb + h * vh, vs, kv_vecs, tid)
         T.tvm_storage_sync("shared")
         # 2. scores of this warp's 16 rows: Q_w K^T on tensor cores, fp32 into shared; up to
         # CHUNK fragments accumulate before they are stored, so the loop only reads shared
@@ -225,5 +216,4 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
                         / (red[THREADS + (it * THREADS + tid) // (D // VEC) * 2]
                            + red[THREADS + (it * THREADS + tid) // (D // VEC) * 2 + 1]))
 
-    del tvm
     return attention

@@ -123,12 +123,10 @@ def combine_parallel_gemms(mod):
     if not groups:
         return original, 0
     # the constant weight identifies a member (each matmul has its own) through the rewrite
-    by_weight = {}
+    by_weight, by_bias = {}, {}   # by_bias: bias constant -> member when the biases fold
     for g in groups:
         for index, (_var, call) in enumerate(g["members"]):
             by_weight[call.args[1]] = (g, index)
-    by_bias = {}   # bias constant -> (group, index) when the group's biases fold
-    for g in groups:
         for index, b in enumerate(g["biases"] or []):
             by_bias[b] = (g, index)
     done = {}  # id(group) -> replacement exprs of its members

@@ -30,7 +30,7 @@ Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/
 from __future__ import annotations
 
 from .. import tvm_compat
-from .rewrite import add_counts, module_pass, op_name, rewrite_calls
+from .rewrite import add_counts, calls, module_pass, op_name, rewrite_calls
 
 LOW_TYPES = ("float16", "bfloat16")
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
@@ -67,17 +67,7 @@ def _is_candidate(call, want_layout: str | None = None) -> bool:
 
 def count_gemm_convs(mod) -> int:
     """How many conv2d calls in ``mod`` this pass would rewrite (any layout)."""
-    relax = tvm_compat.relax()
-    found = []
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and _is_candidate(expr):
-            found.append(expr)
-
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func.body, visit)
-    return len(found)
+    return sum(1 for call in calls(mod) if _is_candidate(call))
 
 
 def _im2col(te, tirx, x, kh, kw, strides, padding, dilation, out_hw):

@@ -21,7 +21,8 @@ from __future__ import annotations
 from .. import tvm_compat
 from . import attention_kernel as ak
 from .conv_gemm import _static_shape
-from .rewrite import add_counts, module_pass, op_name, rewrite_calls
+from .matmul_nt import permutation as _axes
+from .rewrite import add_counts, calls, module_pass, op_name, rewrite_calls
 
 FLOATS = ("float16", "float32")
 HEADS_FIRST = [0, 2, 1, 3]      # [B, S, H, D] <-> [B, H, S, D]
@@ -61,24 +62,24 @@ def _scaled_scores(expr, lookup):
     call = _bound(expr, lookup)
     if call is not None and op_name(call) in ("relax.multiply", "relax.divide"):
         a, b = call.args
-        c = _scalar(b) if _scalar(b) is not None else (
-            _scalar(a) if op_name(call) == "relax.multiply" else None)
+        c, scores = _scalar(b), a
+        if c is None and op_name(call) == "relax.multiply":   # c * scores
+            c, scores = _scalar(a), b
         if c is None or c <= 0:
             return None
         scale = 1.0 / c if op_name(call) == "relax.divide" else c
-        expr = _through_casts(a if _scalar(b) is not None else b, lookup)
-        call = _bound(expr, lookup)
+        call = _bound(_through_casts(scores, lookup), lookup)
     if call is None or op_name(call) != "relax.matmul":
         return None
     return call, scale
 
 
 def _permutation(expr, lookup) -> tuple:
-    """(source, axes) when ``expr`` is a permute_dims of a 4-D tensor, else (expr, None)."""
+    """(source, axes) when ``expr`` is (bound to) a static-shape permute_dims, else
+    (expr, None)."""
     call = _bound(expr, lookup)
-    if call is None or op_name(call) != "relax.permute_dims" or call.attrs.axes is None:
-        return expr, None
-    return call.args[0], [int(a) for a in call.attrs.axes]
+    axes = _axes(call) if call is not None else None
+    return (call.args[0], axes) if axes is not None else (expr, None)
 
 
 def _ints(tup) -> list | None:
@@ -172,7 +173,7 @@ def fuse_attention(mod, sm: int):
     relax = tvm_compat.relax()
     limit = smem_limit(sm)
     funcs: dict = {}      # kernel parameters -> GlobalVar (one PrimFunc per distinct shape)
-    calls: dict = {}      # name of a fused kernel -> (tensors, params), to re-layout its output
+    made: dict = {}       # name of a fused kernel -> its params, to re-layout its output
     declined: dict = {}
 
     def emit(bb, tensors, params, out: ak.Operand):
@@ -181,19 +182,18 @@ def fuse_attention(mod, sm: int):
         if key not in funcs:
             func = ak.attention_func(b, h, s, d, params["scale"], *params["operands"], out)
             funcs[key] = bb.add_func(func, "amp_attention")
-            calls[funcs[key].name_hint] = params
+            made[funcs[key].name_hint] = params
         return relax.call_tir(funcs[key], relax.Tuple(list(tensors)),
                               out_ty=relax.TensorType(out.shape, "float16"))
 
     def rewrite(bb, call, lookup):
         # permute(attention, [0, 2, 1, 3]): write the [B, S, H, D] layout directly
-        src, axes = _permutation(call, lookup) if op_name(call) == "relax.permute_dims" else (
-            None, None)
+        src, axes = _permutation(call, lookup)
         if axes == HEADS_FIRST:
             inner = _bound(src, lookup)
             if (inner is not None and op_name(inner) == "relax.call_tir"
-                    and inner.args[0].name_hint in calls):
-                params = calls[inner.args[0].name_hint]
+                    and inner.args[0].name_hint in made):
+                params = made[inner.args[0].name_hint]
                 return emit(bb, list(inner.args[1].fields), params, ak.bshd(*params["dims"]))
         found = match(call, lookup, limit)
         if found is None:
@@ -205,24 +205,10 @@ def fuse_attention(mod, sm: int):
         return emit(bb, tensors, params, ak.bhsd(*params["dims"]))
 
     new, _ = rewrite_calls(mod, rewrite)
-    return new, _count_calls(new, set(calls)), declined
-
-
-def _count_calls(mod, names: set) -> int:
-    """Calls of the PrimFuncs named ``names`` left in ``mod``'s Relax functions."""
-    relax = tvm_compat.relax()
-    count = 0
-
-    def visit(expr):
-        nonlocal count
-        if (isinstance(expr, relax.Call) and op_name(expr) == "relax.call_tir"
-                and expr.args[0].name_hint in names):
-            count += 1
-
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return count
+    # a kernel re-emitted in the [B, S, H, D] layout leaves its first form dead (removed)
+    fused = sum(1 for c in calls(new)
+                if op_name(c) == "relax.call_tir" and c.args[0].name_hint in made)
+    return new, fused, declined
 
 
 def fuse_attention_pass(sm: int, stats: dict | None = None):

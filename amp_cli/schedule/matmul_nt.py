@@ -30,7 +30,7 @@ from .conv_gemm import LOW_TYPES, _static_shape
 from .rewrite import add_counts, module_pass, op_name, rewrite_calls
 
 
-def _permutation(call) -> list[int] | None:
+def permutation(call) -> list[int] | None:
     """The axes of a static-shape ``permute_dims`` call, else None."""
     if op_name(call) != "relax.permute_dims":
         return None
@@ -110,7 +110,7 @@ def _nt_operands(call, lookup):
         wt = np.ascontiguousarray(b.value.numpy().T)
         return a, relax.const(wt, b.ty.dtype), "constant"
     producer = lookup(b) if isinstance(b, relax.Var) else None
-    perm = _permutation(producer) if producer is not None else None
+    perm = permutation(producer) if producer is not None else None
     if perm is not None and len(perm) == len(a_shape) and b_shape[:-2] == a_shape[:-2]:
         # B = permute(x, perm)  =>  B^T = permute(x, perm with its last two axes swapped)
         src = producer.args[0]

@@ -46,6 +46,17 @@ def _mutator_class():
     return _CallRewriter
 
 
+def calls(mod) -> list:
+    """Every Relax call in ``mod``'s Relax functions, in post order."""
+    relax = tvm_compat.relax()
+    found = []
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(
+                func.body, lambda e: found.append(e) if isinstance(e, relax.Call) else None)
+    return found
+
+
 def entry_functions(mod) -> list[str]:
     relax = tvm_compat.relax()
     return [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
