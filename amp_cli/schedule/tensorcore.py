@@ -13,7 +13,9 @@ are fp16 and *every* static M/N/K extent is > 64. Two gaps matter for amp's mode
   the bf16 variants (``amp_wmma_*_bf16*``) and runs ``MatmulTensorization`` with its intrinsic
   lookup pointed at them (bf16 inputs, fp32 accumulation only).
 
-Anything else (fp32, small or dynamic-only GEMMs, non-CUDA) is dlight's ``Matmul`` unchanged.
+Static GEMMs of 2..16 rows (classifier heads at small batch) take amp's ``small_gemm`` schedule
+on CUDA, whatever the dtype. Anything else (fp32 or dynamic-only GEMMs, non-CUDA) is dlight's
+``Matmul`` unchanged.
 """
 from __future__ import annotations
 
@@ -155,6 +157,10 @@ def _make_rule():
         def apply(self, func, target, tunable):
             kind = None
             if isinstance(func, tvm_compat.prim_func_class()) and self.is_target_available(target):
+                if self.own_gemm and target.kind.name == "cuda":
+                    sch = _small_m_schedule(func, arch_sm(target))
+                    if sch is not None:
+                        return sch
                 kind = self._wants_tensor_cores(func, target)
             if kind is not None and self.own_gemm:
                 sch = _own_schedule(func, kind, arch_sm(target))
@@ -188,7 +194,18 @@ def _own_schedule(func, in_dtype: str, sm: int):
     return tc_gemm.schedule_gemm(func, in_dtype, acc, batch, sizes, sm)
 
 
+def _small_m_schedule(func, sm: int):
+    """amp's few-rows GEMM schedule (``small_gemm``: M <= 16, any float dtype), else None."""
+    from . import small_gemm
+
+    info = gemm_shape(func)
+    if info is None or not small_gemm.applies(info[2], info[3]):
+        return None
+    return small_gemm.schedule_small_m(func, info[2], info[3], sm)
+
+
 def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True):  # noqa: N802
     """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
-    static-shape fp16/bf16 GEMMs use amp's pipelined wmma schedule (tc_gemm) first."""
+    static-shape fp16/bf16 GEMMs use amp's pipelined wmma schedule (tc_gemm) first, and static
+    GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA."""
     return _make_rule()(min_extent, own_gemm)
