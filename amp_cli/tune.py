@@ -525,6 +525,14 @@ class _Task:
     done: bool = False
 
 
+def tunable_tasks(tasks) -> list:
+    """MetaSchedule's extracted tasks less amp's own kernels (attention, layer norm + cast),
+    which are scheduled already (``tirx.is_scheduled`` on the PrimFunc): nothing to tune."""
+    return [t for t in tasks
+            if not any(f.attrs and f.attrs.get("tirx.is_scheduled", False)
+                       for _, f in t.mod.functions_items())]
+
+
 def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -> TuneResult:
     tvm = tvm_compat.tvm()
     ms = tvm_compat.meta_schedule()
@@ -542,8 +550,7 @@ def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -
 
     report(TuneProgress("extract"))
     fused = fused_module(model, cfg, target)
-    extracted = [t for t in ms.relax_integration.extract_tasks(fused, tgt)
-                 if not t.mod.attrs or not t.mod.attrs.get("tirx.is_scheduled", False)]
+    extracted = tunable_tasks(ms.relax_integration.extract_tasks(fused, tgt))
     if not extracted:
         raise TuneError("the converted model has no kernels to tune")
 

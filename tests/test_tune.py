@@ -271,3 +271,34 @@ def test_database_with_tensor_core_records_opens_in_a_fresh_process(tmp_path):
                           text=True, timeout=300, cwd=str(Path(__file__).parent.parent))
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "records 1" in proc.stdout
+
+
+def test_prescheduled_kernels_are_not_tuning_tasks():
+    """amp's own kernels carry tirx.is_scheduled on the PrimFunc (not on the task's module):
+    extract_tasks still lists them, amp's filter drops them."""
+    import tvm
+    from tvm import relax, te
+    from tvm.s_tir import meta_schedule as ms
+
+    from amp_cli.tune import tunable_tasks
+
+    a = te.placeholder((64, 64), name="a")
+
+    def prim(name, scheduled):
+        out = te.compute((64, 64), lambda i, j: a[i, j] * (2.0 if scheduled else 3.0), name=name)
+        f = te.create_prim_func([a, out])
+        return f.with_attr("tirx.is_scheduled", True) if scheduled else f
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mine = bb.add_func(prim("mine", True), "amp_own")
+            other = bb.add_func(prim("other", False), "plain")
+            y = bb.emit(relax.call_tir(mine, (x,), relax.TensorType((64, 64), "float32")))
+            z = bb.emit(relax.call_tir(other, (y,), relax.TensorType((64, 64), "float32")))
+            out = bb.emit_output(z)
+        bb.emit_func_output(out)
+    tasks = ms.relax_integration.extract_tasks(bb.get(), tvm.target.Target("llvm"))
+    assert len(tasks) == 2
+    assert [t.task_name for t in tunable_tasks(tasks)] == ["plain"]

@@ -83,7 +83,7 @@ def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
 def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
                    q: Operand, k: Operand, v: Operand, out: Operand):
     """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, fp16 in and
-    out, fp32 inside. Shapes as in the operands; scheduled already (``tir.is_scheduled``)."""
+    out, fp32 inside. Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
     tvm_compat.tvm()  # a clear error when TVM is missing
     from tvm.script import tirx as T  # noqa: PLC0415 - version-bound
 
@@ -117,7 +117,7 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
     @T.prim_func(private=True, s_tir=True)
     def attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
                   v_in: T.Buffer(v.shape, "float16"), o_out: T.Buffer(out.shape, "float16")):
-        T.func_attr({"tir.noalias": True, "tir.is_scheduled": True, "amp.kernel": "attention"})
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "amp.kernel": "attention"})
         qf = T.decl_buffer((NQ,), "float16", data=q_in.data)
         kf = T.decl_buffer((NK,), "float16", data=k_in.data)
         vf = T.decl_buffer((NV,), "float16", data=v_in.data)
