@@ -103,7 +103,9 @@ REWRITE_LABELS = {"convs_as_gemm": "convolutions as GEMMs",
                   "matmuls_nt": "matmuls in NT form", "split_k_gemms": "GEMMs split along K",
                   "reshapes_sunk": "ops moved before their flattening reshape",
                   "attention_fused": "attention cores fused into one kernel",
-                  "attention_unfused": "attention cores left unfused (shape)"}
+                  "attention_unfused": "attention cores left unfused (shape)",
+                  "norm_casts": "layer norms writing their fp16/bf16 cast in the same kernel",
+                  "norm_casts_unfused": "layer norm + cast pairs left unfused (row length)"}
 
 
 def render_markdown(r: dict) -> str:

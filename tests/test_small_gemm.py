@@ -136,24 +136,25 @@ def _classifier(arrays=None):
     return _linear_module(m=8, k=2048, n=1000, seed=4, arrays=arrays)
 
 
-def _lower(mod, arch):
+def _lower(mod, arch, **switches):
     from amp_cli.schedule.cuda import cuda_relax_pipeline
 
     tgt = tvm.target.Target({"kind": "cuda", "arch": arch})
     with tgt:
-        return tgt, cuda_relax_pipeline(tgt, cuda_graph=False)(mod)
+        return tgt, cuda_relax_pipeline(tgt, cuda_graph=False, **switches)(mod)
 
 
-def test_classifier_head_gets_the_rule_in_amps_pipeline():
+@pytest.mark.parametrize("on", [True, False])
+def test_classifier_head_gets_the_rule_in_amps_pipeline(on):
     """matmul_nt makes the weight [N, K], so the lanes' K vectors are contiguous; the head's
-    kernel (bias and cast fused) then reduces with shuffles."""
+    kernel (bias and cast fused) then reduces with shuffles. cuda.small_gemm off: dlight's."""
     from amp_cli.legalize import cuda_tir_pipeline
 
-    tgt, lowered = _lower(_classifier(), "sm_90")
+    tgt, lowered = _lower(_classifier(), "sm_90", small_gemm=on)
     ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
                                   tir_pipeline=cuda_tir_pipeline(tgt, []))
     src = tvm_compat.cuda_source(ex)
-    assert "__shfl_down_sync" in src and "uint4" in src
+    assert ("__shfl_down_sync" in src) == on
 
 
 @pytest.mark.gpu

@@ -78,14 +78,15 @@ def _name_kernels():
     return _pass
 
 
-def cuda_schedule_passes(target, rule_failures: list | None = None) -> list:
+def cuda_schedule_passes(target, rule_failures: list | None = None,
+                         small_gemm: bool = True) -> list:
     from .tensorcore import AmpMatmul
 
     dl = tvm_compat.dlight()
     f = rule_failures
     named = [_name_kernels()] if rule_failures is not None else []
     return named + [dl.ApplyDefaultSchedule(
-        _fallible(AmpMatmul(), f),
+        _fallible(AmpMatmul(small_m=small_gemm), f),
         _fallible(dl.gpu.GEMV(), f),
         _fallible(dl.gpu.Reduction(), f),
         _fallible(dl.gpu.GeneralReduction(), f),
@@ -103,7 +104,8 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                         rule_failures: list | None = None, combine_gemms: bool = True,
                         split_k: bool = True, implicit_gemm: bool = True,
                         rewrite_stats: dict | None = None, sink_reshapes: bool = True,
-                        fused_attention: bool = True):
+                        fused_attention: bool = True, fused_norm_cast: bool = True,
+                        small_gemm: bool = True):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
@@ -114,6 +116,9 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     rewrite_stats: a dict that receives the graph rewrites' counts (for the build report).
     sink_reshapes: move flattening reshapes past GEMMs and epilogues so the epilogues fuse.
     fused_attention: softmax(Q K^T * scale) V as one kernel (see fused_attention).
+    fused_norm_cast: an fp32 layer norm whose output is also cast to fp16/bf16 writes both from
+    one kernel (see norm_cast).
+    small_gemm: GEMMs of 2..16 rows get amp's lane-split schedule (see small_gemm).
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
@@ -125,6 +130,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     from .conv_gemm import conv_to_gemm_pass
     from .fused_attention import fuse_attention_pass
     from .matmul_nt import matmul_to_nt_pass
+    from .norm_cast import fuse_norm_cast_pass
     from .reshape_sink import sink_reshapes_pass
     from .tensorcore import arch_sm
 
@@ -139,6 +145,8 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
         if fused_attention and arch_sm(target) >= 80:
             graph_passes.append(fuse_attention_pass(arch_sm(target), stats))
         graph_passes.append(matmul_to_nt_pass(arch_sm(target), split_k, stats))
+        if fused_norm_cast:
+            graph_passes.append(fuse_norm_cast_pass(stats))
         # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
         # keeping the caller's other config and instruments.
         config = {str(k): v for k, v in ctx.config.items()}
@@ -152,7 +160,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                    relax.transform.FoldConstant(), relax.transform.FuseOps(),
                    relax.transform.FuseTIR()]
                 + list(extra_schedule_passes or [])
-                + cuda_schedule_passes(target, rule_failures)
+                + cuda_schedule_passes(target, rule_failures, small_gemm)
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target))
             return seq(mod)

@@ -133,10 +133,12 @@ def _make_rule():
     class AmpMatmul(dl.gpu.Matmul):
         """dlight's Matmul plus wmma for sides >= ``min_extent`` and for bf16 (see module doc)."""
 
-        def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True):
+        def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True,
+                     small_m: bool = True):
             super().__init__()
             self.min_extent = min_extent
             self.own_gemm = own_gemm
+            self.small_m = small_m
 
         def _wants_tensor_cores(self, func, target) -> str | None:
             sm = arch_sm(target)
@@ -157,7 +159,7 @@ def _make_rule():
         def apply(self, func, target, tunable):
             kind = None
             if isinstance(func, tvm_compat.prim_func_class()) and self.is_target_available(target):
-                if self.own_gemm and target.kind.name == "cuda":
+                if self.own_gemm and self.small_m and target.kind.name == "cuda":
                     sch = _small_m_schedule(func, arch_sm(target))
                     if sch is not None:
                         return sch
@@ -204,8 +206,10 @@ def _small_m_schedule(func, sm: int):
     return small_gemm.schedule_small_m(func, info[2], info[3], sm)
 
 
-def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True):  # noqa: N802
+def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
+              small_m: bool = True):
     """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
     static-shape fp16/bf16 GEMMs use amp's pipelined wmma schedule (tc_gemm) first, and static
-    GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA."""
-    return _make_rule()(min_extent, own_gemm)
+    GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
+    ``small_m`` is off."""
+    return _make_rule()(min_extent, own_gemm, small_m)
