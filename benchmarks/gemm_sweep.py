@@ -10,6 +10,16 @@ and wmma present) without a GPU.
 
     python benchmarks/gemm_sweep.py --json $OUT/gemm_sweep.json
     python benchmarks/gemm_sweep.py --compile-only --shapes 1024x1024x1024
+
+``--configs "[MxNxK:]wm,wn,fm,fn,kf,st[,S];..."`` times explicit TileConfigs (warps_m, warps_n,
+frags_m, frags_n, k_frags, stages) on every shape, or on the one shape an ``MxNxK:`` prefix names;
+a seventh field S > 1 runs that tile on the S partial GEMMs of a K split (the partials kernel
+only, as the default split-K row). ``--pad-epilogue`` adds, for the picked tile, the default
+split-K tile and each ``--configs`` entry of the shape, a variant whose fp32 staging tile rows
+are padded by 8 floats (tc_gemm's own storage_align lands on the global output, so the tile is
+unpadded).
+``--configs-only`` drops the candidate / stage / extra / dlight rows (the picked tile and the
+default split-K row stay as the baseline).
 """
 from __future__ import annotations
 
@@ -94,6 +104,38 @@ def dlight_schedule(func, target):
     return None if sch is None else sch.mod["main"]
 
 
+def parse_configs(spec: str) -> list:
+    """``"[MxNxK:]wm,wn,fm,fn,kf,st[,S];..."`` -> [(shape or None, TileConfig, S)]: S = 1 is no
+    K split; an entry with a shape prefix applies to that shape only."""
+    out = []
+    for item in (x.strip() for x in (spec or "").split(";")):
+        if not item:
+            continue
+        shape, _, fields = item.rpartition(":")
+        vals = [int(v) for v in fields.split(",")]
+        if len(vals) not in (6, 7):
+            raise SystemExit(f"--configs: {item!r} is not [MxNxK:]wm,wn,fm,fn,kf,st[,S]")
+        dims = tuple(int(v) for v in shape.split("x")) if shape else None
+        out.append((dims, tc_gemm.TileConfig(*vals[:6]), vals[6] if len(vals) == 7 else 1))
+    return out
+
+
+def pad_epilogue(sch) -> bool:
+    """Pad the rows of the fp32 accumulator staging tile (shared.dyn) by 8 floats. tc_gemm's
+    ``storage_align(acc_shared, 0, -2, 16, 4)`` names the block that copies the tile to the
+    output, whose write buffer 0 is the global output, so the tile keeps a row stride of BN
+    floats: wmma's accumulator stores (STS.64, rows g and g+8, two floats per lane) then take 8
+    wavefronts instead of 2 when BN % 32 == 0. A 4-float pad gives 4 wavefronts, 8 floats 2.
+    The block that writes the tile is the accumulator store ``*_shared.dyn_wmma.accumulator_o``."""
+    import re
+
+    names = re.findall(r'sblock\("([^"]+_shared\.dyn_wmma\.accumulator_o)"\)', sch.mod.script())
+    if len(names) != 1:
+        return False
+    sch.storage_align(sch.get_sblock(names[0]), 0, axis=-2, factor=32, offset=8)
+    return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
@@ -104,8 +146,17 @@ def main(argv=None) -> int:
                     help="extra pipeline depths to try for the three largest tiles ('' = none)")
     ap.add_argument("--extra", action="store_true",
                     help="also try EXTRA_CONFIGS (256x128, 128x256, 128x128x64 tiles)")
+    ap.add_argument("--configs", default="",
+                    help='explicit tiles "[MxNxK:]wm,wn,fm,fn,kf,st[,S];..." (S: K splits, '
+                         'partials only; MxNxK: that shape only)')
+    ap.add_argument("--configs-only", action="store_true",
+                    help="only the picked tile, the default split-K row and --configs")
+    ap.add_argument("--pad-epilogue", action="store_true",
+                    help="also the picked tile and --configs with the fp32 staging tile's rows "
+                         "padded by 8 floats")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    explicit = parse_configs(args.configs)
 
     tvm = tvm_compat.tvm()
     target = tvm.target.Target({"kind": "cuda", "arch": args.arch})
@@ -119,41 +170,75 @@ def main(argv=None) -> int:
     for name, m, n, k in shapes:
         func = gemm_func(m, n, k)
         pick = tc_gemm.choose_config(1, m, n, k, sm)
-        variants = [(c.name(), c) for c in tc_gemm.CANDIDATES]
-        if args.stages:
-            for c in tc_gemm.CANDIDATES[:3]:
-                for st in args.stages:
-                    if st != c.stages:
-                        v = dataclasses.replace(c, stages=st)
-                        variants.append((v.name(), v))
-        if args.extra:
-            variants += [(c.name(), c) for c in EXTRA_CONFIGS
-                         if c.shared_bytes() <= tc_gemm.smem_limit(sm)]
-        variants.append(("dlight", None))
+        # (name, cfg, K splits, padded epilogue); cfg None = dlight, an int = default split-K tile
+        variants = []
+        if not args.configs_only:
+            variants += [(c.name(), c, 1, False) for c in tc_gemm.CANDIDATES]
+            if args.stages:
+                for c in tc_gemm.CANDIDATES[:3]:
+                    for st in args.stages:
+                        if st != c.stages:
+                            v = dataclasses.replace(c, stages=st)
+                            variants.append((v.name(), v, 1, False))
+            if args.extra:
+                variants += [(c.name(), c, 1, False) for c in EXTRA_CONFIGS
+                             if c.shared_bytes() <= tc_gemm.smem_limit(sm)]
+            variants.append(("dlight", None, 1, False))
+        elif pick is not None:
+            variants.append((pick.name(), pick, 1, False))
         factor = tc_gemm.split_k_factor(1, m, n, k, sm)
         if factor > 1:
-            variants.append((f"split-K {factor} partials", factor))
+            variants.append((f"split-K {factor} partials", factor, factor, False))
+        mine = [(c, sp) for dims, c, sp in explicit if dims in (None, (m, n, k))]
+        for cfg, splits in mine:
+            name_ = cfg.name() + (f" split-K {splits}" if splits > 1 else "")
+            if all(v[0] != name_ for v in variants):
+                variants.append((name_, cfg, splits, False))
+        if args.pad_epilogue:
+            padded = [(pick, 1)] if pick is not None else []
+            if factor > 1:
+                padded.append((tc_gemm.choose_config(factor, m, n, k // factor, sm), factor))
+            padded += [v for v in mine if v not in padded]
+            variants += [(c.name() + (f" split-K {sp}" if sp > 1 else "") + " pad", c, sp, True)
+                         for c, sp in padded if c is not None]
         if dev is not None:
             a = rng.standard_normal((m, k)).astype("float16")
             b = rng.standard_normal((n, k)).astype("float16")
             ref = a.astype("float32") @ b.astype("float32").T
             ta, tb = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
-        for vname, cfg in variants:
+        for vname, cfg, splits, pad in variants:
             row = {"shape": name, "m": m, "n": n, "k": k, "config": vname,
-                   "picked": not isinstance(cfg, int) and cfg == pick}
+                   "picked": isinstance(cfg, tc_gemm.TileConfig) and cfg == pick and splits == 1
+                   and not pad}
             t0 = time.time()
             try:
                 out_shape, out_dtype = (m, n), "float16"
-                if isinstance(cfg, int):  # split-K partials, amp's default tile for them
-                    out_shape, out_dtype = (cfg, m, n), "float32"
-                    sfunc = split_gemm_func(m, n, k, cfg)
-                    sch = tc_gemm.schedule_gemm(sfunc, "float16", "float32", cfg, [m, n, k // cfg],
-                                                sm)
-                    smod = None if sch is None else sch.mod["main"]
+                if isinstance(cfg, tc_gemm.TileConfig):
+                    row["smem_est"] = cfg.shared_bytes()
+                    if cfg.shared_bytes() > tc_gemm.smem_limit(sm):
+                        raise ValueError(f"{cfg.shared_bytes()} B of shared memory (tc_gemm "
+                                         f"estimate) > {tc_gemm.smem_limit(sm)} B on sm_{sm}")
+                    part = k // splits
+                    if k % splits or part % cfg.bk:
+                        raise ValueError(f"K={k} does not split {splits} ways into whole "
+                                         f"{cfg.bk}-deep K steps")
+                    # as choose_config: the pipeline is never deeper than the K loop
+                    cfg = dataclasses.replace(cfg, stages=max(1, min(cfg.stages, part // cfg.bk)))
+                    row["tile"] = cfg.name()
+                if isinstance(cfg, int) or splits > 1:  # split-K partials
+                    out_shape, out_dtype = (splits, m, n), "float32"
+                    sfunc = split_gemm_func(m, n, k, splits)
+                    tile = cfg if isinstance(cfg, tc_gemm.TileConfig) else None
+                    sch = tc_gemm.schedule_gemm(sfunc, "float16", "float32", splits,
+                                                [m, n, k // splits], sm, tile)
                 elif cfg is None:
+                    sch = None
                     smod = dlight_schedule(func, target)
                 else:
                     sch = tc_gemm.schedule(func, "float16", "float32", [m, n, k], sm, cfg)
+                if cfg is not None:
+                    if sch is not None and pad and not pad_epilogue(sch):
+                        raise ValueError("no accumulator staging block to pad")
                     smod = None if sch is None else sch.mod["main"]
                 if smod is None:
                     row["error"] = "rule not applicable"

@@ -21,6 +21,7 @@ Usage (on the GPU machine, from the repo root):
   python benchmarks/gpu_suite.py --layers 12           # a shorter bert (faster TVM build)
   python benchmarks/gpu_suite.py --tuning-db tuning/   # adds "amp fp16 tuned"
   python benchmarks/gpu_suite.py --variant no-combine=benchmarks/variants/no-combine.yaml
+  python benchmarks/gpu_suite.py --variant bert-large:no-split-k=benchmarks/variants/no-split-k.yaml
   python benchmarks/gpu_suite.py --build-only --arch sm_90   # compile times only, no GPU
 """
 from __future__ import annotations
@@ -72,9 +73,10 @@ def parse_args(argv):
     ap.add_argument("--ort", action="store_true",
                     help="also time ONNX Runtime (CUDA provider if installed, else CPU)")
     ap.add_argument("--no-profile", action="store_true", help="skip amp's per-kernel profile")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG.yaml",
+    ap.add_argument("--variant", action="append", default=[], metavar="[MODEL:]NAME=CONFIG.yaml",
                     help="also build and time amp fp16 with this --config (e.g. a cuda: section "
-                         "turning one optimization off, for an A/B in the same run); repeatable")
+                         "turning one optimization off, for an A/B in the same run), for every "
+                         "model or only MODEL; repeatable")
     ap.add_argument("--build-only", action="store_true",
                     help="only build (no GPU needed): measures TVM compile times")
     ap.add_argument("--workdir", default=None, help="keep ONNX files and builds here")
@@ -205,7 +207,10 @@ def main(argv=None) -> int:
         for spec in args.variant:
             vname, _, vcfg = spec.partition("=")
             if not vcfg:
-                raise SystemExit(f"--variant {spec!r}: expected NAME=CONFIG.yaml")
+                raise SystemExit(f"--variant {spec!r}: expected [MODEL:]NAME=CONFIG.yaml")
+            only, _, vname = vname.rpartition(":")
+            if only and only != m.name:
+                continue
             variants.append(("fp16", None, f"amp fp16 {vname}",
                              ("--config", str(Path(vcfg).resolve()))))
         if not args.no_profile and "fp16" in args.amp_precisions.split(","):
