@@ -108,7 +108,7 @@ def main(argv=None) -> int:
                 ex(*args_dev, out)
                 got = out.numpy().astype("float64")
                 row["rel_l2"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-                timer = ex.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
+                timer = ex.jit().time_evaluator("main", dev, number=args.number, repeat=args.repeat)
                 us = float(np.median(timer(*args_dev, out).results)) * 1e6
                 row.update(us=us, gb_s=moved / us / 1e3)
             rows.append(row)

@@ -205,6 +205,29 @@ def test_choose_config_respects_shared_memory_per_arch():
     assert tc_gemm.choose_config(1, 1024, 1024, 1024, 75) is None  # 64 KiB: nothing fits
 
 
+@pytest.mark.parametrize("shape,tile", [
+    ((1, 1024, 1024, 1024), "128x64x64_w2x2_s3"),    # BERT out-projection: BK=64 (sweep)
+    ((2, 1024, 1024, 2048), "128x128x64_w2x2_s3"),   # FFN-down split-K partials: BK=64
+    ((1, 1024, 3072, 1024), "128x128x32_w2x2_s4"),   # QKV: BK=32 measured faster at K=1024
+    ((1, 1024, 4096, 1024), "128x128x32_w2x2_s4"),
+    ((1, 6272, 128, 512), "64x64x64_w2x2_s3"),       # short-K ResNet GEMMs unchanged
+])
+def test_choose_config_deepens_k_step_where_the_sweep_measured_it(shape, tile):
+    assert tc_gemm.choose_config(*shape, 90).name() == tile
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (256, 256, 256)])
+def test_staging_tile_rows_are_padded(m, n, k):
+    """wmma's accumulator stores go to the shared fp32 tile with a row stride of BN + ACC_PAD
+    floats (unpadded, BN % 32 == 0 puts a warp's stores on 4x the banks)."""
+    import re
+
+    cfg = tc_gemm.choose_config(1, m, n, k, 90)
+    src = tvm_compat.cuda_source(build(own(gemm(m, n, k)), "sm_90"))
+    strides = set(re.findall(r"store_matrix_sync\(.*?, (\d+), nvcuda::wmma::mem_row_major", src))
+    assert strides == {str(cfg.bn + tc_gemm.ACC_PAD)}
+
+
 def test_amp_matmul_uses_own_schedule_for_static_gemms():
     func = gemm(512, 512, 512)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

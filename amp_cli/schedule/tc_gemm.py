@@ -27,6 +27,10 @@ from .. import tvm_compat
 
 FRAG = 16  # wmma m16n16k16
 WARP = 32
+# fp32 staging tile row padding (floats). Unpadded rows of BN floats put a warp's accumulator
+# stores 4-way on the same banks; 8 floats make them conflict-free (H200 sweep 2026-12-03:
+# 1-4% faster on every BERT-large GEMM, docs/gpu-performance.md).
+ACC_PAD = 8
 
 # SMs per arch for wave-count estimates (a wrong guess only changes which tile is picked).
 SM_COUNT = {70: 80, 75: 68, 80: 108, 86: 84, 87: 16, 89: 128, 90: 132, 100: 148, 120: 84}
@@ -61,9 +65,10 @@ class TileConfig:
         return self.warps_m * self.warps_n
 
     def shared_bytes(self, in_bytes: int = 2, acc_bytes: int = 4) -> int:
-        """Upper bound of dynamic shared memory (A/B stages + the accumulator staging tile)."""
+        """Upper bound of dynamic shared memory (A/B stages + the accumulator staging tile; TVM
+        reuses the stages' memory for the tile, so the real need is usually the larger one)."""
         ab = self.stages * (self.bm + self.bn) * (self.bk + 8) * in_bytes
-        acc = self.bm * (self.bn + 4) * acc_bytes
+        acc = self.bm * (self.bn + ACC_PAD) * acc_bytes
         return ab + acc
 
     def name(self) -> str:
@@ -116,10 +121,28 @@ def choose_config(batch: int, m: int, n: int, k: int, sm: int,
     cfg = next((c for c in options if ctas(c, batch, m, n) >= FULL_WAVE * sms), None)
     if cfg is None:
         cfg = max(options, key=lambda c: ctas(c, batch, m, n))
+    cfg = deepen(cfg, k, sm, acc_bytes)
     k_steps = math.ceil(k / cfg.bk)
     if cfg.stages > k_steps:
         cfg = dataclasses.replace(cfg, stages=max(1, k_steps))
     return cfg
+
+
+# K step 64 instead of 32 (three stages instead of four) for long K loops: half the barriers and
+# address arithmetic per MMA and conflict-free cp.async writes (docs/gpu-performance.md). The
+# H200 sweep of 2026-12-03 measured it faster on the 128x64 tile at K=1024 (15.0 -> 12.6 us on
+# 1024x1024x1024) and on the 128x128 tile at K=2048 (split-K partials of BERT-large's FFN-down:
+# 39.2 -> 34.5 us), but slower on the 128x128 tile at K=1024 (QKV: 28.2 -> 29.3 us).
+DEEP_K_MIN = {(128, 64): 1024, (128, 128): 2048}  # (BM, BN) -> smallest K that gets BK=64
+
+
+def deepen(cfg: TileConfig, k: int, sm: int, acc_bytes: int = 4) -> TileConfig:
+    """``cfg`` with a 64-deep K step where :data:`DEEP_K_MIN` says it pays, if it still fits."""
+    floor = DEEP_K_MIN.get((cfg.bm, cfg.bn))
+    if floor is None or k < floor or cfg.k_frags != 2:
+        return cfg
+    deep = dataclasses.replace(cfg, k_frags=4, stages=3)
+    return deep if deep.shared_bytes(2, acc_bytes) <= smem_limit(sm) else cfg
 
 
 # Split-K: a GEMM whose output is too small for the largest tile to fill the GPU runs as S
@@ -351,7 +374,6 @@ def schedule(func, in_dtype: str, acc_dtype: str, sizes, sm: int, cfg: TileConfi
     sch.compute_at(b_frag, k1)
 
     acc_shared = sch.cache_write(outer, 0, "shared.dyn")
-    sch.storage_align(acc_shared, 0, -2, 16, 4)
     acc = sch.cache_write(outer, 0, "wmma.accumulator")
     sch.reverse_compute_at(acc, warp)
     sch.reverse_compute_at(acc_shared, warp)
@@ -376,7 +398,11 @@ def schedule(func, in_dtype: str, acc_dtype: str, sizes, sm: int, cfg: TileConfi
         sch.tensorize(tile_16(a_frag), intrin["load_a"])
         sch.tensorize(tile_16(b_frag), intrin["load_b"])
         sch.tensorize(sch.get_loops(init_inner)[-2], intrin["init"])
-        sch.tensorize(sch.get_loops(acc)[-2], intrin["store"])
+        store = sch.blockize(sch.get_loops(acc)[-2])
+        sch.tensorize(store, intrin["store"])
+        # rows of the fp32 staging tile padded by ACC_PAD floats (the block that *writes* the
+        # tile carries the alignment): wmma's accumulator stores become bank-conflict-free
+        sch.storage_align(store, 0, -2, 32, ACC_PAD)
         sch.tensorize(sch.get_loops(inner)[-3], intrin["compute"])
     except Exception:  # noqa: BLE001 - the block does not match the intrinsic: not ours
         return None
