@@ -14,10 +14,7 @@ and wmma present) without a GPU.
 ``--configs "[MxNxK:]wm,wn,fm,fn,kf,st[,S];..."`` times explicit TileConfigs (warps_m, warps_n,
 frags_m, frags_n, k_frags, stages) on every shape, or on the one shape an ``MxNxK:`` prefix names;
 a seventh field S > 1 runs that tile on the S partial GEMMs of a K split (the partials kernel
-only, as the default split-K row). ``--pad-epilogue`` adds, for the picked tile, the default
-split-K tile and each ``--configs`` entry of the shape, a variant whose fp32 staging tile rows
-are padded by 8 floats (tc_gemm's own storage_align lands on the global output, so the tile is
-unpadded).
+only, as the default split-K row).
 ``--configs-only`` drops the candidate / stage / extra / dlight rows (the picked tile and the
 default split-K row stay as the baseline).
 """
@@ -120,22 +117,6 @@ def parse_configs(spec: str) -> list:
     return out
 
 
-def pad_epilogue(sch) -> bool:
-    """Pad the rows of the fp32 accumulator staging tile (shared.dyn) by 8 floats. tc_gemm's
-    ``storage_align(acc_shared, 0, -2, 16, 4)`` names the block that copies the tile to the
-    output, whose write buffer 0 is the global output, so the tile keeps a row stride of BN
-    floats: wmma's accumulator stores (STS.64, rows g and g+8, two floats per lane) then take 8
-    wavefronts instead of 2 when BN % 32 == 0. A 4-float pad gives 4 wavefronts, 8 floats 2.
-    The block that writes the tile is the accumulator store ``*_shared.dyn_wmma.accumulator_o``."""
-    import re
-
-    names = re.findall(r'sblock\("([^"]+_shared\.dyn_wmma\.accumulator_o)"\)', sch.mod.script())
-    if len(names) != 1:
-        return False
-    sch.storage_align(sch.get_sblock(names[0]), 0, axis=-2, factor=32, offset=8)
-    return True
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
@@ -151,9 +132,6 @@ def main(argv=None) -> int:
                          'partials only; MxNxK: that shape only)')
     ap.add_argument("--configs-only", action="store_true",
                     help="only the picked tile, the default split-K row and --configs")
-    ap.add_argument("--pad-epilogue", action="store_true",
-                    help="also the picked tile and --configs with the fp32 staging tile's rows "
-                         "padded by 8 floats")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     explicit = parse_configs(args.configs)
@@ -170,46 +148,38 @@ def main(argv=None) -> int:
     for name, m, n, k in shapes:
         func = gemm_func(m, n, k)
         pick = tc_gemm.choose_config(1, m, n, k, sm)
-        # (name, cfg, K splits, padded epilogue); cfg None = dlight, an int = default split-K tile
+        # (name, cfg, K splits); cfg None = dlight, an int = default split-K tile
         variants = []
         if not args.configs_only:
-            variants += [(c.name(), c, 1, False) for c in tc_gemm.CANDIDATES]
+            variants += [(c.name(), c, 1) for c in tc_gemm.CANDIDATES]
             if args.stages:
                 for c in tc_gemm.CANDIDATES[:3]:
                     for st in args.stages:
                         if st != c.stages:
                             v = dataclasses.replace(c, stages=st)
-                            variants.append((v.name(), v, 1, False))
+                            variants.append((v.name(), v, 1))
             if args.extra:
-                variants += [(c.name(), c, 1, False) for c in EXTRA_CONFIGS
+                variants += [(c.name(), c, 1) for c in EXTRA_CONFIGS
                              if c.shared_bytes() <= tc_gemm.smem_limit(sm)]
-            variants.append(("dlight", None, 1, False))
+            variants.append(("dlight", None, 1))
         elif pick is not None:
-            variants.append((pick.name(), pick, 1, False))
+            variants.append((pick.name(), pick, 1))
         factor = tc_gemm.split_k_factor(1, m, n, k, sm)
         if factor > 1:
-            variants.append((f"split-K {factor} partials", factor, factor, False))
+            variants.append((f"split-K {factor} partials", factor, factor))
         mine = [(c, sp) for dims, c, sp in explicit if dims in (None, (m, n, k))]
         for cfg, splits in mine:
             name_ = cfg.name() + (f" split-K {splits}" if splits > 1 else "")
             if all(v[0] != name_ for v in variants):
-                variants.append((name_, cfg, splits, False))
-        if args.pad_epilogue:
-            padded = [(pick, 1)] if pick is not None else []
-            if factor > 1:
-                padded.append((tc_gemm.choose_config(factor, m, n, k // factor, sm), factor))
-            padded += [v for v in mine if v not in padded]
-            variants += [(c.name() + (f" split-K {sp}" if sp > 1 else "") + " pad", c, sp, True)
-                         for c, sp in padded if c is not None]
+                variants.append((name_, cfg, splits))
         if dev is not None:
             a = rng.standard_normal((m, k)).astype("float16")
             b = rng.standard_normal((n, k)).astype("float16")
             ref = a.astype("float32") @ b.astype("float32").T
             ta, tb = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
-        for vname, cfg, splits, pad in variants:
+        for vname, cfg, splits in variants:
             row = {"shape": name, "m": m, "n": n, "k": k, "config": vname,
-                   "picked": isinstance(cfg, tc_gemm.TileConfig) and cfg == pick and splits == 1
-                   and not pad}
+                   "picked": isinstance(cfg, tc_gemm.TileConfig) and cfg == pick and splits == 1}
             t0 = time.time()
             try:
                 out_shape, out_dtype = (m, n), "float16"
@@ -237,8 +207,6 @@ def main(argv=None) -> int:
                 else:
                     sch = tc_gemm.schedule(func, "float16", "float32", [m, n, k], sm, cfg)
                 if cfg is not None:
-                    if sch is not None and pad and not pad_epilogue(sch):
-                        raise ValueError("no accumulator staging block to pad")
                     smod = None if sch is None else sch.mod["main"]
                 if smod is None:
                     row["error"] = "rule not applicable"
