@@ -10,7 +10,7 @@ tvm = pytest.importorskip("tvm")
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.schedule import small_gemm  # noqa: E402
 from amp_cli.schedule.tensorcore import AmpMatmul, gemm_shape  # noqa: E402
-from test_tc_gemm import build, gemm  # noqa: E402
+from test_tc_gemm import _run, build, gemm  # noqa: E402
 
 SM90 = {"kind": "cuda", "arch": "sm_90"}
 
@@ -86,15 +86,6 @@ def test_columns_per_warp_keep_two_ctas_per_sm(m, n, sms, cols):
 
 
 # ------------------------------------------------------------------ numerics (GPU)
-def _run(func, arrays, out_shape, out_dtype):
-    dev = tvm.cuda(0)
-    ex = build(func, "sm_" + tvm_compat.cuda_compute_version().replace(".", ""))
-    args = [tvm.runtime.tensor(a, dev) for a in arrays]
-    out = tvm.runtime.empty(out_shape, out_dtype, dev)
-    ex(*args, out)
-    return out.numpy()
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
 @pytest.mark.parametrize("m,n,k,cfg", [

@@ -70,7 +70,7 @@ def schedule_small_m(func, batch: int, sizes, sm: int, cfg: SmallConfig | None =
     from tvm.s_tir.dlight.analysis import get_root_block
     from tvm.s_tir.dlight.gpu import matmul as dm
 
-    from .tc_gemm import contiguous_vec, sm_count
+    from .tc_gemm import contiguous_vec, normalize_gemm, sm_count
 
     if not applies(batch, sizes):
         return None
@@ -89,17 +89,9 @@ def schedule_small_m(func, batch: int, sizes, sm: int, cfg: SmallConfig | None =
         return None
 
     # 1. normalize to C[S, I, J] += A[S, I, K] * B[S, J, K]; the operand copies inline away
-    reindex_a = sch.reindex(main, ("read", 0))
-    reindex_b = sch.reindex(main, ("read", 1))
-    reindex_c = sch.reindex(main, ("write", 0))
-    maps = dm.get_index_map(sch.get(main))
-    if maps is None:
+    reindex_c = normalize_gemm(sch, main)
+    if reindex_c is None:
         return None
-    matmul_map, a_map, b_map, c_map = maps
-    sch.transform_layout(reindex_a, ("write", 0), a_map)
-    sch.transform_layout(reindex_b, ("write", 0), b_map)
-    sch.transform_layout(reindex_c, ("read", 0), c_map)
-    sch.transform_block_layout(main, matmul_map)
     dm.auto_inline_producers(sch, main)
 
     cfg = cfg or SmallConfig()

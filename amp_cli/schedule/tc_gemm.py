@@ -266,6 +266,26 @@ def contiguous_vec(block, widest: int) -> int:
     return lanes
 
 
+def normalize_gemm(sch, main):
+    """Bring the GEMM block ``main`` to ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (dlight's
+    index maps; operands and output go through reindex copies). Returns the output's reindex
+    block, or None when dlight's analysis cannot map the block."""
+    from tvm.s_tir.dlight.gpu import matmul as dm
+
+    reindex_a = sch.reindex(main, ("read", 0))
+    reindex_b = sch.reindex(main, ("read", 1))
+    reindex_c = sch.reindex(main, ("write", 0))
+    maps = dm.get_index_map(sch.get(main))
+    if maps is None:
+        return None
+    matmul_map, a_map, b_map, c_map = maps
+    sch.transform_layout(reindex_a, ("write", 0), a_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, matmul_map)
+    return reindex_c
+
+
 def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: int,
                   cfg: TileConfig | None = None):
     """amp's schedule for a static-shape GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``),
@@ -310,17 +330,8 @@ def schedule(func, in_dtype: str, acc_dtype: str, sizes, sm: int, cfg: TileConfi
     main = reductions[0]
 
     # 1. normalize to C[S, I, J] += A[S, I, K] * B[S, J, K] and pad to whole tiles
-    reindex_a = sch.reindex(main, ("read", 0))
-    reindex_b = sch.reindex(main, ("read", 1))
-    reindex_c = sch.reindex(main, ("write", 0))
-    maps = dm.get_index_map(sch.get(main))
-    if maps is None:
+    if normalize_gemm(sch, main) is None:
         return None
-    matmul_map, a_map, b_map, c_map = maps
-    sch.transform_layout(reindex_a, ("write", 0), a_map)
-    sch.transform_layout(reindex_b, ("write", 0), b_map)
-    sch.transform_layout(reindex_c, ("read", 0), c_map)
-    sch.transform_block_layout(main, matmul_map)
     sch.pad_einsum(main, [1, cfg.bm, cfg.bn, cfg.bk])
 
     # 2. 16x16x16 fragments, then block / warp / fragment tiling
