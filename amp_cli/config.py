@@ -94,6 +94,7 @@ class CudaConfig:
     fused_attention: bool = True  # softmax(Q K^T) V as one kernel (fp16, no mask, S 64..256)
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
+    unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
 
 

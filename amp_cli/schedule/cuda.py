@@ -79,7 +79,8 @@ def _name_kernels():
 
 
 def cuda_schedule_passes(target, rule_failures: list | None = None,
-                         small_gemm: bool = True) -> list:
+                         small_gemm: bool = True, unroll_injective: bool = True) -> list:
+    from .injective import AmpInjective
     from .tensorcore import AmpMatmul
 
     dl = tvm_compat.dlight()
@@ -90,6 +91,7 @@ def cuda_schedule_passes(target, rule_failures: list | None = None,
         _fallible(dl.gpu.GEMV(), f),
         _fallible(dl.gpu.Reduction(), f),
         _fallible(dl.gpu.GeneralReduction(), f),
+        *([_fallible(AmpInjective(), f)] if unroll_injective else []),
         dl.gpu.Fallback(),  # last resort: its errors are real errors
     )]
 
@@ -105,7 +107,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                         split_k: bool = True, implicit_gemm: bool = True,
                         rewrite_stats: dict | None = None, sink_reshapes: bool = True,
                         fused_attention: bool = True, fused_norm_cast: bool = True,
-                        small_gemm: bool = True):
+                        small_gemm: bool = True, unroll_injective: bool = True):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
@@ -119,6 +121,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     fused_norm_cast: an fp32 layer norm whose output is also cast to fp16/bf16 writes both from
     one kernel (see norm_cast).
     small_gemm: GEMMs of 2..16 rows get amp's lane-split schedule (see small_gemm).
+    unroll_injective: large injective kernels take several elements per thread (see injective).
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
@@ -160,7 +163,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                    relax.transform.FoldConstant(), relax.transform.FuseOps(),
                    relax.transform.FuseTIR()]
                 + list(extra_schedule_passes or [])
-                + cuda_schedule_passes(target, rule_failures, small_gemm)
+                + cuda_schedule_passes(target, rule_failures, small_gemm, unroll_injective)
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target))
             return seq(mod)
