@@ -85,7 +85,7 @@ def split_gemm_func(m: int, n: int, k: int, factor: int, dtype: str = "float16")
     return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
 
 
-def build(func, sch_mod, target):
+def build(sch_mod, target):
     tvm = tvm_compat.tvm()
     from amp_cli.legalize import cuda_tir_pipeline
 
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
                     row["error"] = "rule not applicable"
                     rows.append(row)
                     continue
-                ex = build(func, smod, target)
+                ex = build(smod, target)
                 row["build_s"] = round(time.time() - t0, 1)
                 src = tvm_compat.cuda_source(ex)
                 row["cp_async"] = "cp.async" in src

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.schedule import small_gemm  # noqa: E402
+from benchmarks.gemm_sweep import build  # noqa: E402 - the same CUDA build as the GEMM sweep
 
 SHAPES = [  # (name, M, N, K, dtype)
     ("resnet50 fc, batch 8", 8, 1000, 2048, "float16"),
@@ -49,15 +50,6 @@ def gemm_func(m, n, k, dtype):
         a[i, r].astype("float32") * b[j, r].astype("float32"), axis=r), name="C")
     d = te.compute((m, n), lambda i, j: (c[i, j] + bias[j]).astype(dtype), name="D")
     return te.create_prim_func([a, b, bias, d]).with_attr("global_symbol", "main")
-
-
-def build(prim, arch):
-    tvm = tvm_compat.tvm()
-    from amp_cli.legalize import cuda_tir_pipeline
-
-    target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    return tvm.compile(tvm.IRModule({"main": prim}), target=target,
-                       tir_pipeline=cuda_tir_pipeline(target))
 
 
 def schedules(m, n, k, dtype, sm):
@@ -90,6 +82,7 @@ def main(argv=None) -> int:
     version = None if args.compile_only else tvm_compat.cuda_compute_version()
     arch = args.arch or ("sm_" + version.replace(".", "") if version else "sm_90")
     sm = int(arch.split("_")[1])
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
     rows = []
     for name, m, n, k, dtype in SHAPES:
         rng = np.random.default_rng(0)
@@ -99,7 +92,7 @@ def main(argv=None) -> int:
         ref = a.astype("float64") @ b.astype("float64").T + bias
         moved = (a.nbytes + b.nbytes + m * n * a.itemsize)
         for label, prim in schedules(m, n, k, dtype, sm):
-            ex = build(prim, arch)
+            ex = build(prim, target)
             row = {"shape": name, "m": m, "n": n, "k": k, "dtype": dtype, "schedule": label}
             if not args.compile_only:
                 dev = tvm.cuda(0)

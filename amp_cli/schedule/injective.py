@@ -13,6 +13,8 @@ with static shapes and at least ``MIN_ELEMENTS`` outputs; anything else is left 
 """
 from __future__ import annotations
 
+import math
+
 from .. import tvm_compat
 
 THREADS = 256
@@ -44,10 +46,7 @@ def _make_rule():
             extents = [sch.get(loop).extent for loop in loops]
             if not loops or not all(hasattr(e, "value") for e in extents):
                 return None
-            total = 1
-            for e in extents:
-                total *= int(e.value)
-            if total < MIN_ELEMENTS:
+            if math.prod(int(e.value) for e in extents) < MIN_ELEMENTS:
                 return None
             bx, unroll, tx = sch.split(sch.fuse(*loops), [None, UNROLL, THREADS])
             sch.bind(bx, "blockIdx.x")

@@ -140,14 +140,14 @@ def _make_rule():
             self.own_gemm = own_gemm
             self.small_m = small_m
 
-        def _wants_tensor_cores(self, func, target) -> str | None:
+        def _wants_tensor_cores(self, func, info, target) -> str | None:
+            """``info``: :func:`gemm_shape` of ``func``."""
             sm = arch_sm(target)
             if sm < TC_MIN_SM or "dlight.do_not_tensorize" in (func.attrs or {}):
                 return None
-            info = gemm_extents(func)
             if info is None:
                 return None
-            in_dtype, out_dtype, sizes = info
+            in_dtype, out_dtype, _, sizes = info
             if any(s is not None and s < self.min_extent for s in sizes):
                 return None
             if in_dtype == "float16" and out_dtype in ("float16", "float32"):
@@ -157,15 +157,16 @@ def _make_rule():
             return None
 
         def apply(self, func, target, tunable):
-            kind = None
+            kind = info = None
             if isinstance(func, tvm_compat.prim_func_class()) and self.is_target_available(target):
+                info = gemm_shape(func)  # once: each of amp's schedules below reads it
                 if self.own_gemm and self.small_m and target.kind.name == "cuda":
-                    sch = _small_m_schedule(func, arch_sm(target))
+                    sch = _small_m_schedule(func, info, arch_sm(target))
                     if sch is not None:
                         return sch
-                kind = self._wants_tensor_cores(func, target)
+                kind = self._wants_tensor_cores(func, info, target)
             if kind is not None and self.own_gemm:
-                sch = _own_schedule(func, kind, arch_sm(target))
+                sch = _own_schedule(func, kind, info, arch_sm(target))
                 if sch is not None:
                     return sch
             if kind == "float16":
@@ -182,11 +183,11 @@ def _make_rule():
     return AmpMatmul
 
 
-def _own_schedule(func, in_dtype: str, sm: int):
-    """amp's cp.async wmma schedule (``tc_gemm``) for a static-shape GEMM, else None."""
+def _own_schedule(func, in_dtype: str, info, sm: int):
+    """amp's cp.async wmma schedule (``tc_gemm``) for a static-shape GEMM (``info``: its
+    :func:`gemm_shape`), else None."""
     from . import tc_gemm
 
-    info = gemm_shape(func)
     if info is None:
         return None
     _, out_dtype, batch, sizes = info
@@ -196,11 +197,11 @@ def _own_schedule(func, in_dtype: str, sm: int):
     return tc_gemm.schedule_gemm(func, in_dtype, acc, batch, sizes, sm)
 
 
-def _small_m_schedule(func, sm: int):
-    """amp's few-rows GEMM schedule (``small_gemm``: M <= 16, any float dtype), else None."""
+def _small_m_schedule(func, info, sm: int):
+    """amp's few-rows GEMM schedule (``small_gemm``: M <= 16, any float dtype) for ``func``
+    (``info``: its :func:`gemm_shape`), else None."""
     from . import small_gemm
 
-    info = gemm_shape(func)
     if info is None or not small_gemm.applies(info[2], info[3]):
         return None
     return small_gemm.schedule_small_m(func, info[2], info[3], sm)
