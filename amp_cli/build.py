@@ -57,12 +57,23 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None, cuda=No
         from .schedule.cuda import cuda_relax_pipeline
 
         # CudaConfig's fields are cuda_relax_pipeline's switches, by name
-        return cuda_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
+        return cuda_relax_pipeline(compile_target(target, cuda), extra_schedule_passes=extra,
                                    rule_failures=rule_failures, rewrite_stats=rewrite_stats,
                                    **dataclasses.asdict(cuda or CudaConfig()))
     from .schedule.cpu import cpu_relax_pipeline
 
     return cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra)
+
+
+def compile_target(target: ResolvedTarget, cuda=None):
+    """The TVM target amp compiles for: sm_90 becomes sm_90a when the Hopper GEMMs are on
+    (``cuda.hopper_gemm``, schedule/hopper_gemm.py), everything else is ``target`` itself."""
+    if not target.is_cuda:
+        return target.tvm_target()
+    from .config import CudaConfig
+    from .schedule.hopper_gemm import build_target
+
+    return build_target(target.tvm_target(), (cuda or CudaConfig()).hopper_gemm)
 
 
 def tir_pipeline(target: ResolvedTarget, records: list):
@@ -77,7 +88,7 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
              cuda=None) -> BuildResult:
     tvm = tvm_compat.tvm()
     start = time.perf_counter()
-    tgt = target.tvm_target()
+    tgt = compile_target(target, cuda)
     note_step("relax pipeline")
     with tgt:
         failures: list = []

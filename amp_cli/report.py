@@ -105,7 +105,8 @@ REWRITE_LABELS = {"convs_as_gemm": "convolutions as GEMMs",
                   "attention_fused": "attention cores fused into one kernel",
                   "attention_unfused": "attention cores left unfused (shape)",
                   "norm_casts": "layer norms writing their fp16/bf16 cast in the same kernel",
-                  "norm_casts_unfused": "layer norm + cast pairs left unfused (row length)"}
+                  "norm_casts_unfused": "layer norm + cast pairs left unfused (row length)",
+                  "hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"}
 
 
 def render_markdown(r: dict) -> str:

@@ -274,6 +274,15 @@ def unregister_tir_pipeline(name: str) -> None:
     _cp.PIPELINE_MAP.pop(name, None)
 
 
+def tirx_main_pipeline():
+    """TVM 0.27's TIRx lowering (``tir_pipeline="tirx"``) as one module pass; its finalize
+    passes are the default pipeline's."""
+    from tvm.tirx import compilation_pipeline as _cp
+
+    main, _host, _device = _cp.get_tir_pipeline("tirx")
+    return main
+
+
 def default_tir_finalize_passes():
     """(finalize_host_passes, finalize_device_passes) factories of TVM's default pipeline."""
     tvm()

@@ -108,6 +108,20 @@ def _s_tir_main_passes(config, legalize_pass, async_guard=None):
 
 
 ASYNC_COPY_CONFIG = "tirx.use_async_copy"
+TIRX_ATTR = "amp.tirx"  # kernels written in TIRx (schedule/hopper_gemm.py)
+
+
+def split_tirx_kernels(mod):
+    """(module of the PrimFuncs marked ``amp.tirx`` or None, the rest of ``mod``): kernels written
+    in TIRx go through TVM's TIRx lowering, everything else through the s_tir pipeline."""
+    tvm = tvm_compat.tvm()
+    marked = {gv: f for gv, f in mod.functions_items()
+              if isinstance(f, tvm_compat.prim_func_class()) and f.attrs
+              and f.attrs.get(TIRX_ATTR)}
+    if not marked:
+        return None, mod
+    rest = {gv: f for gv, f in mod.functions_items() if gv not in marked}
+    return tvm.IRModule(marked, attrs=mod.attrs), tvm.IRModule(rest, attrs=mod.attrs)
 
 
 def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda: bool = True,
@@ -141,7 +155,12 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
             passes = _s_tir_main_passes(config, legal, guard)
             if typed_access_ptr:
                 passes.append(typed_access_ptr_pass())
-            return tvm.ir.transform.Sequential(passes)(mod)
+            tirx_mod, rest = split_tirx_kernels(mod)
+            rest = tvm.ir.transform.Sequential(passes)(rest)
+            if tirx_mod is None:
+                return rest
+            rest.update(tvm_compat.tirx_main_pipeline()(tirx_mod))
+            return rest
 
         def _finalize_device():
             stock = finalize_device()

@@ -107,7 +107,8 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                         split_k: bool = True, implicit_gemm: bool = True,
                         rewrite_stats: dict | None = None, sink_reshapes: bool = True,
                         fused_attention: bool = True, fused_norm_cast: bool = True,
-                        small_gemm: bool = True, unroll_injective: bool = True):
+                        small_gemm: bool = True, unroll_injective: bool = True,
+                        hopper_gemm: bool = False):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
@@ -122,6 +123,9 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     one kernel (see norm_cast).
     small_gemm: GEMMs of 2..16 rows get amp's lane-split schedule (see small_gemm).
     unroll_injective: large injective kernels take several elements per thread (see injective).
+    hopper_gemm (off by default, see hopper_gemm's docstring): on sm_90a, NT GEMMs (and their fused epilogues) become wgmma + TMA kernels
+    written in TIRx (see hopper_gemm); amp's builds turn sm_90 into sm_90a for this
+    (``hopper_gemm.build_target``).
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
@@ -132,6 +136,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     from .combine_gemm import combine_parallel_gemms_pass
     from .conv_gemm import conv_to_gemm_pass
     from .fused_attention import fuse_attention_pass
+    from .hopper_gemm import enabled_for, hopper_gemm_pass
     from .matmul_nt import matmul_to_nt_pass
     from .norm_cast import fuse_norm_cast_pass
     from .reshape_sink import sink_reshapes_pass
@@ -147,7 +152,8 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
             graph_passes.append(combine_parallel_gemms_pass(stats))
         if fused_attention and arch_sm(target) >= 80:
             graph_passes.append(fuse_attention_pass(arch_sm(target), stats))
-        graph_passes.append(matmul_to_nt_pass(arch_sm(target), split_k, stats))
+        hopper = hopper_gemm and enabled_for(target)
+        graph_passes.append(matmul_to_nt_pass(arch_sm(target), split_k, stats, hopper))
         if fused_norm_cast:
             graph_passes.append(fuse_norm_cast_pass(stats))
         # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
@@ -163,6 +169,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                    relax.transform.FoldConstant(), relax.transform.FuseOps(),
                    relax.transform.FuseTIR()]
                 + list(extra_schedule_passes or [])
+                + ([hopper_gemm_pass(target, stats)] if hopper else [])
                 + cuda_schedule_passes(target, rule_failures, small_gemm, unroll_injective)
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target))

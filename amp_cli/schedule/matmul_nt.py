@@ -121,11 +121,13 @@ def _nt_operands(call, lookup):
     return None
 
 
-def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False):
+def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False, hopper: bool = False):
     """``mod`` with eligible matmuls in NT form (module docstring) and a count per kind.
     ``split_k`` (needs ``sm``, the CUDA arch number): constant-weight GEMMs whose output is too
     small to fill the GPU with the largest tile (``tc_gemm.split_k_factor``) run as K-split
-    partial GEMMs plus an elementwise sum (fp32 accumulation only)."""
+    partial GEMMs plus an elementwise sum (fp32 accumulation only). ``hopper``: GEMMs that the
+    Hopper kernels take (``hopper_gemm.plan``) stay whole: they fill the GPU without the split."""
+    from . import hopper_gemm
     from .tc_gemm import split_k_factor
 
     te = tvm_compat.tvm().te
@@ -145,7 +147,10 @@ def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False):
         if split_k and sm and kind == "constant" and out_dtype == "float32":
             a_shape = _static_shape(a)
             m = int(np.prod(a_shape[:-1]))
-            factor = split_k_factor(1, m, _static_shape(b_nt)[0], a_shape[-1], sm)
+            n, k = _static_shape(b_nt)[0], a_shape[-1]
+            whole = hopper and str(a.ty.dtype) in hopper_gemm.IN_TYPES and isinstance(
+                hopper_gemm.plan(m, n, k), hopper_gemm.Plan)
+            factor = 1 if whole else split_k_factor(1, m, n, k, sm)
         if factor > 1:
             counts["split_k"] += 1
             parts = bb.emit_te(lambda at, bt: _gemm_nt_split(te, at, bt, out_dtype, factor),
@@ -159,11 +164,12 @@ def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False):
     return new, counts
 
 
-def matmul_to_nt_pass(sm: int | None = None, split_k: bool = False, stats: dict | None = None):
+def matmul_to_nt_pass(sm: int | None = None, split_k: bool = False, stats: dict | None = None,
+                      hopper: bool = False):
     """:func:`matmul_to_nt` as a module pass (after precision conversion, before LegalizeOps);
     ``stats`` counts the matmuls made NT and those split along K."""
     def run(mod):
-        new, counts = matmul_to_nt(mod, sm, split_k)
+        new, counts = matmul_to_nt(mod, sm, split_k, hopper)
         add_counts(stats, matmuls_nt=counts["constant"] + counts["transposed"],
                    split_k_gemms=counts["split_k"])
         return new

@@ -1,0 +1,202 @@
+"""amp's Hopper GEMMs (schedule/hopper_gemm.py): which fused GEMMs they take, that those build
+for sm_90a with wgmma + TMA through amp's TIR pipeline (CI, no GPU), and values on an sm_90 GPU
+against a float64 reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from amp_cli import tvm_compat  # noqa: E402
+from amp_cli.schedule import hopper_gemm as hg  # noqa: E402
+from test_tc_gemm import build, gemm  # noqa: E402
+
+
+def epilogue_gemm(m, n, k, dtype="float16", out_dtype="float32", batch=None):
+    """out = residual + erf(cast(A @ B^T, fp16) + bias) (fp32): a cast, a bias, a
+    transcendental and a residual read in the tail, like bert-large's fused GEMMs."""
+    from tvm import te
+
+    lead = (batch,) if batch else ()
+    a = te.placeholder(lead + (m, k), dtype, name="A")
+    b = te.placeholder((n, k), dtype, name="B")
+    bias = te.placeholder((n,), dtype, name="bias")
+    res = te.placeholder(lead + (m, n), out_dtype, name="res")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute(lead + (m, n), lambda *ix: te.sum(
+        a[ix[:-1] + (r,)].astype("float32") * b[ix[-1], r].astype("float32"), axis=r), name="C")
+    low = te.compute(c.shape, lambda *ix: c(*ix).astype(dtype) + bias[ix[-1]], name="low")
+    act = te.compute(c.shape, lambda *ix: te.erf(low(*ix).astype("float32")), name="act")
+    out = te.compute(c.shape, lambda *ix: (res(*ix) + act(*ix)).astype(out_dtype), name="out")
+    return te.create_prim_func([a, b, bias, res, out]).with_attr("global_symbol", "main")
+
+
+def hopper(func):
+    made = hg.hopper_func(func)
+    assert not isinstance(made, str), made
+    return made
+
+
+# ------------------------------------------------------------------ planning and matching
+def test_plan_fills_the_gpu_with_the_widest_tile():
+    assert hg.plan(1024, 4096, 1024) == hg.Plan(128, 6)      # 256 CTAs
+    assert hg.plan(1024, 3072, 1024) == hg.Plan(192, 5)
+    assert hg.plan(1024, 1024, 4096) == hg.Plan(64, 6)
+    assert hg.plan(256, 256, 512) == hg.Plan(64, 6)          # too small to fill: most CTAs
+    for p in (hg.plan(1024, 4096, 1024), hg.plan(1024, 1024, 4096)):
+        assert p.smem_bytes() <= hg.SMEM_BUDGET
+
+
+@pytest.mark.parametrize("m,n,k,why", [
+    (1024, 1000, 1024, "multiple of 64"),
+    (1024, 1024, 256, "in 512..8192"),
+    (1024, 1024, 1000, "multiple of 64"),
+    (1024, 1024, 16384, "in 512..8192"),
+    (64, 1024, 1024, "below"),
+])
+def test_plan_declines(m, n, k, why):
+    assert why in hg.plan(m, n, k)
+
+
+def test_match_reads_the_fused_tail():
+    match = hg.match_gemm(epilogue_gemm(128, 256, 512, batch=2))
+    assert not isinstance(match, str), match
+    assert (match.m, match.n, match.k, match.in_dtype) == (256, 256, 512, "float16")
+    assert str(match.out) == "out" and match.value is not None
+
+
+@pytest.mark.parametrize("func,why", [
+    (lambda: gemm(256, 256, 512, b_layout="KN"), "NT"),
+    (lambda: gemm(256, 256, 512, dtype="float32"), "operand types"),
+])
+def test_match_declines(func, why):
+    assert why in hg.match_gemm(func())
+
+
+def test_build_target_is_sm90a_only_for_hopper():
+    t90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert str(hg.build_target(t90).attrs["arch"]) == "sm_90a"
+    assert str(hg.build_target(t90, enabled=False).attrs["arch"]) == "sm_90"
+    t80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    assert str(hg.build_target(t80).attrs["arch"]) == "sm_80"
+
+
+def test_matmul_nt_keeps_hopper_gemms_whole():
+    """bert-large's FFN-down (1024 x 1024 x 4096) is split along K for the wmma tiles, not for
+    the Hopper kernel (128 CTAs of 128 x 64 already fill the GPU)."""
+    from tvm.script import relax as R
+
+    from amp_cli.schedule.matmul_nt import matmul_to_nt
+
+    w = np.random.default_rng(0).standard_normal((4096, 1024)).astype("float16")
+
+    @tvm.script.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((1024, 4096), "float16")):
+            with R.dataflow():
+                y = R.matmul(x, R.const(w), out_dtype="float32")
+                R.output(y)
+            return y
+
+    _, split = matmul_to_nt(Mod, 90, split_k=True)
+    _, whole = matmul_to_nt(Mod, 90, split_k=True, hopper=True)
+    assert split["split_k"] == 1 and whole["split_k"] == 0
+
+
+# ------------------------------------------------------------------ CUDA builds (CI, no GPU)
+@pytest.mark.parametrize("func", [
+    lambda: gemm(256, 256, 512, bias=True, relu=True),
+    lambda: gemm(200, 128, 512, bias=True),                 # M not a multiple of 128: guarded
+    lambda: gemm(128, 192, 1024, batch=2, bias=True),       # 3-D activations, N = 192
+    lambda: gemm(256, 256, 512, dtype="bfloat16", bias=True),
+    lambda: epilogue_gemm(128, 256, 512, batch=2),           # fp32 output, residual, erf
+])
+def test_builds_with_wgmma_and_tma(func):
+    src = tvm_compat.cuda_source(build(hopper(func()), "sm_90a"))
+    assert "wgmma.mma_async.sync.aligned.m64n" in src
+    assert "cp.async.bulk.tensor.2d" in src and "mbarrier.try_wait" in src
+    assert "wmma::" not in src
+
+
+# ------------------------------------------------------------------ values on the GPU
+def _sm90() -> bool:
+    return tvm_compat.has_cuda_device() and tvm_compat.cuda_compute_version() == "9.0"
+
+
+def _run(func, arrays, out_shape, out_dtype):
+    dev = tvm.cuda(0)
+    ex = build(func, "sm_90a")
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    out = tvm.runtime.empty(out_shape, out_dtype, dev)
+    ex(*args, out)
+    return out.numpy().astype("float64")
+
+
+def _rel(out, ref):
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m,n,k,batch", [(256, 256, 512, None), (200, 128, 1024, None),
+                                         (128, 192, 1024, 2), (1024, 1024, 4096, None)])
+def test_gemm_bias_relu_matches_float64(m, n, k, batch):
+    """rel L2 vs float64 below 2e-3 (fp16 output rounding alone is ~3e-4; a wrong stage,
+    swizzle or fragment mapping gives O(1e-2) or more, as the first prototype did)."""
+    rng = np.random.default_rng(2)
+    lead = (batch,) if batch else ()
+    a = rng.standard_normal(lead + (m, k)).astype("float16")
+    b = rng.standard_normal((n, k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float32")
+    ref = np.maximum(a.astype("float64") @ b.astype("float64").T + bias, 0)
+    out = _run(hopper(gemm(m, n, k, bias=True, relu=True, batch=batch)), [a, b, bias],
+               lead + (m, n), "float16")
+    assert _rel(out, ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+def test_fused_tail_matches_float64():
+    rng = np.random.default_rng(3)
+    from math import erf
+
+    a = rng.standard_normal((2, 128, 512)).astype("float16")
+    b = (rng.standard_normal((256, 512)) / 16).astype("float16")
+    bias = rng.standard_normal(256).astype("float16")
+    res = rng.standard_normal((2, 128, 256)).astype("float32")
+    c = (a.astype("float64") @ b.astype("float64").T).astype("float16") + bias
+    ref = res + np.vectorize(erf)(c.astype("float64"))
+    out = _run(hopper(epilogue_gemm(128, 256, 512, batch=2)), [a, b, bias, res],
+               (2, 128, 256), "float32")
+    assert _rel(out, ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+def test_bf16_matches_float64():
+    import ml_dtypes  # noqa: PLC0415 - ships with TVM's dependencies
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((256, 512)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((256, 512)).astype(ml_dtypes.bfloat16)
+    bias = rng.standard_normal(256).astype("float32")
+    ref = a.astype("float64") @ b.astype("float64").T + bias
+    out = _run(hopper(gemm(256, 256, 512, dtype="bfloat16", bias=True)), [a, b, bias],
+               (256, 256), "bfloat16")
+    assert _rel(out, ref) < 1e-2
+
+
+def test_off_by_default_and_sm90a_only_when_on():
+    """Opt-in (cuda.hopper_gemm): a default sm_90 build keeps sm_90 and amp's wmma GEMMs."""
+    from amp_cli.build import compile_target
+    from amp_cli.config import CudaConfig
+    from amp_cli.target import resolve_target
+
+    target = resolve_target("cuda:sm_90")
+    assert CudaConfig().hopper_gemm is False
+    assert str(compile_target(target).attrs["arch"]) == "sm_90"
+    assert str(compile_target(target, CudaConfig(hopper_gemm=True)).attrs["arch"]) == "sm_90a"
+    assert not hg.enabled_for(compile_target(target))
+    assert hg.enabled_for(compile_target(target, CudaConfig(hopper_gemm=True)))
