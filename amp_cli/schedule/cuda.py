@@ -61,19 +61,15 @@ def _name_kernels():
     """Give each PrimFunc its global name as an attribute (``_fallible``'s records name the
     kernel; dlight hands rules the function only). Runs after the tuning-record passes, so the
     functions they match against the records are unchanged."""
+    from .rewrite import replace_functions
+
     tvm = tvm_compat.tvm()
 
     @tvm.transform.module_pass(opt_level=0, name="AmpNameKernels")
     def _pass(mod, _ctx):
-        updates = {gv: f.with_attr(KERNEL_NAME_ATTR, gv.name_hint)
-                   for gv, f in mod.functions_items()
-                   if isinstance(f, tvm_compat.prim_func_class())}
-        if not updates:
-            return mod
-        out = mod.clone()
-        for gv, f in updates.items():
-            out[gv] = f
-        return out
+        return replace_functions(mod, {gv: f.with_attr(KERNEL_NAME_ATTR, gv.name_hint)
+                                       for gv, f in mod.functions_items()
+                                       if isinstance(f, tvm_compat.prim_func_class())})
 
     return _pass
 

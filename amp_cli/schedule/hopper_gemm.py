@@ -473,10 +473,15 @@ def hopper_func(func, sms: int = SM_COUNT):
     return T.PrimFunc(params, kernel.body).with_attrs(attrs)
 
 
-def hopper_gemm_pass(target, stats: dict | None = None, sms: int = SM_COUNT):
+def hopper_gemm_pass(target, stats: dict | None = None):
     """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
     (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``."""
+    from .rewrite import replace_functions
+    from .tc_gemm import sm_count
+    from .tensorcore import arch_sm
+
     tvm = tvm_compat.tvm()
+    sms = sm_count(arch_sm(target))
 
     @tvm.transform.module_pass(opt_level=0, name="AmpHopperGemm")
     def _pass(mod, _ctx):
@@ -489,11 +494,6 @@ def hopper_gemm_pass(target, stats: dict | None = None, sms: int = SM_COUNT):
                 updates[gv] = made
         if stats is not None and updates:
             stats["hopper_gemm"] = stats.get("hopper_gemm", 0) + len(updates)
-        if not updates:
-            return mod
-        out = mod.clone()
-        for gv, f in updates.items():
-            out[gv] = f
-        return out
+        return replace_functions(mod, updates)
 
     return _pass

@@ -15,6 +15,17 @@ from typing import Callable
 from .. import tvm_compat
 
 
+def replace_functions(mod, updates: dict):
+    """``mod`` with the functions in ``updates`` ({GlobalVar: function}) replaced; ``mod`` itself
+    when there is nothing to replace."""
+    if not updates:
+        return mod
+    out = mod.clone()
+    for gv, func in updates.items():
+        out[gv] = func
+    return out
+
+
 def op_name(expr) -> str | None:
     """The op name of a Relax call (``"relax.matmul"``), None for anything else."""
     return getattr(getattr(expr, "op", None), "name", None)
