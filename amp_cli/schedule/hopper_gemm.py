@@ -10,9 +10,10 @@ instructions. This module writes one such kernel per GEMM:
 - a 128 x BN output tile per CTA, K in 64-deep steps (128-byte rows, TMA's 128B swizzle, which
   wgmma's K-major descriptors read back), ``stages`` shared-memory stages;
 - warp-specialized: warps 0-7 are two consumer warpgroups (64 rows each, ``m64nBNk16``,
-  fp32 accumulators in registers), warp 8 is the producer: one thread waits for a free stage
-  (``empty`` mbarrier, one arrival per consumer warp after its ``wgmma.wait_group 1``), arms the
-  ``full`` mbarrier with the stage's byte count and issues two TMA copies;
+  fp32 accumulators in registers, the K loop unrolled), warp 8 is the producer: one thread waits
+  for a free stage (``empty`` mbarrier, one arrival per consumer warp after its
+  ``wgmma.wait_group 1``), arms the ``full`` mbarrier with the stage's byte count and issues two
+  TMA copies;
 - the epilogue runs on the accumulators in registers: the fused PrimFunc's elementwise tail (bias,
   GELU, residual add, casts: whatever FuseOps put there) is inlined into one expression of the
   matmul value and transplanted, element by element, then stored two columns at a time.
@@ -20,7 +21,7 @@ instructions. This module writes one such kernel per GEMM:
 Which GEMMs (``match_gemm``): a fused PrimFunc whose first block is an NT matmul (A [..., K] with
 K contiguous, B [N, K], fp16/bf16, fp32 or same-type accumulation; ``matmul_nt`` produces these)
 followed only by spatial blocks that end in one output of the matmul's shape. Sizes
-(``plan``): N a multiple of 64, K a multiple of 64 and at least ``MIN_K``. Everything else keeps
+(``plan``): N a multiple of 64, K a multiple of 64 in ``MIN_K..MAX_K``, M >= 128. Everything else keeps
 amp's other schedules. Needs sm_90 and compiles for ``sm_90a`` (``build_target``).
 
 The kernels carry ``amp.tirx`` and go through TVM's TIRx lowering (``legalize.pipeline`` routes
@@ -90,8 +91,8 @@ def plan(m: int, n: int, k: int, sms: int = SM_COUNT):
 
 
 def build_target(target, enabled: bool = True):
-    """The target to compile with: sm_90 becomes sm_90a (wgmma and setmaxnreg need it) when the
-    Hopper GEMMs are on; any other target is returned as is."""
+    """The target to compile with: sm_90 becomes sm_90a (wgmma needs it) when the Hopper GEMMs
+    are on; any other target is returned as is."""
     from .tensorcore import arch_sm
 
     if not enabled or target.kind.name != "cuda" or arch_sm(target) != 90:
