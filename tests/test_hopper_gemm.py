@@ -66,8 +66,24 @@ def test_match_reads_the_fused_tail():
     assert str(match.out) == "out" and match.value is not None
 
 
+def tail_reads_operand(m=256, k=512):
+    """out = A @ B^T + A[:, :N] (N = K): a tail reading a GEMM operand, which the kernel's
+    epilogue cannot (A lives in shared memory tiles there)."""
+    from tvm import te
+
+    a = te.placeholder((m, k), "float16", name="A")
+    b = te.placeholder((k, k), "float16", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, k), lambda i, j: te.sum(
+        a[i, r].astype("float32") * b[j, r].astype("float32"), axis=r), name="C")
+    d = te.compute((m, k), lambda i, j: (c[i, j] + a[i, j].astype("float32")).astype("float16"),
+                   name="D")
+    return te.create_prim_func([a, b, d]).with_attr("global_symbol", "main")
+
+
 @pytest.mark.parametrize("func,why", [
     (lambda: gemm(256, 256, 512, b_layout="KN"), "NT"),
+    (tail_reads_operand, "epilogue reads A"),
     (lambda: gemm(256, 256, 512, dtype="float32"), "operand types"),
 ])
 def test_match_declines(func, why):

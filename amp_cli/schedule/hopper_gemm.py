@@ -260,7 +260,7 @@ def match_gemm(func):
                 if not _same_vars(ld.indices, iters):
                     return "epilogue reads the matmul at other indices"
             elif not is_param(ld.source) or any(ld.source.same_as(v) for v in (a, b, out)):
-                return f"epilogue reads {ld.source.name_hint}"
+                return f"epilogue reads {ld.source}"
     if not is_param(out) or _dtype(out) not in PAIR_TYPES:
         return "output is not a float parameter"
     return GemmMatch(a, b, out, c, m, n, k, in_dtype, value_expr, iters)
