@@ -19,21 +19,6 @@ sys.path.insert(0, str(ROOT))
 SHAPES = "1024x4096x1024,1024x3072x1024,1024x1024x1024,1024x1024x4096"
 
 
-def gemm_bias(m, n, k):
-    """D = cast(A @ B^T + bias, fp16), fp32 accumulation, as a TE PrimFunc."""
-    import tvm
-    from tvm import te
-
-    a = te.placeholder((m, k), "float16", name="A")
-    b = te.placeholder((n, k), "float16", name="B")
-    bias = te.placeholder((n,), "float32", name="bias")
-    r = te.reduce_axis((0, k), name="k")
-    c = te.compute((m, n), lambda i, j: te.sum(
-        a[i, r].astype("float32") * b[j, r].astype("float32"), axis=r), name="C")
-    d = te.compute((m, n), lambda i, j: (c[i, j] + bias[j]).astype("float16"), name="D")
-    return te.create_prim_func([a, b, bias, d]).with_attr("global_symbol", "main"), tvm
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=SHAPES)
@@ -42,21 +27,21 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
-    from amp_cli.legalize import cuda_tir_pipeline
+    import tvm
+
     from amp_cli.schedule import hopper_gemm as hg
+    from benchmarks.gemm_sweep import build
+    from benchmarks.small_gemm_bench import gemm_func  # D = cast(A @ B^T + bias)
 
     rows = []
     rng = np.random.default_rng(0)
     for shape in args.shapes.split(","):
         m, n, k = (int(x) for x in shape.split("x"))
-        func, tvm = gemm_bias(m, n, k)
-        made = hg.hopper_func(func)
+        made = hg.hopper_func(gemm_func(m, n, k, "float16"))
         if isinstance(made, str):
             print(f"{shape}: not taken ({made})")
             continue
-        target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-        ex = tvm.compile(tvm.IRModule({"main": made}), target=target,
-                         tir_pipeline=cuda_tir_pipeline(target, []))
+        ex = build(made, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
         dev = tvm.cuda(0)
         a = (rng.standard_normal((m, k)) / 8).astype("float16")
         b = (rng.standard_normal((n, k)) / 8).astype("float16")

@@ -65,9 +65,7 @@ def build_library(mod, precision: str, arch: str, out_path: str, cuda_graph: boo
     from amp_cli.schedule.cuda import cuda_relax_pipeline
 
     low, _ = convert_precision(mod, PrecisionConfig(precision=precision))
-    from amp_cli.schedule.hopper_gemm import build_target
-
-    tgt = build_target(tvm.target.Target({"kind": "cuda", "arch": arch}))  # sm_90 -> sm_90a
+    tgt = tvm.target.Target({"kind": "cuda", "arch": arch})
     with tgt:
         lowered = cuda_relax_pipeline(tgt, conv_as_gemm=conv_as_gemm, cuda_graph=cuda_graph)(low)
     records: list = []

@@ -119,9 +119,9 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     one kernel (see norm_cast).
     small_gemm: GEMMs of 2..16 rows get amp's lane-split schedule (see small_gemm).
     unroll_injective: large injective kernels take several elements per thread (see injective).
-    hopper_gemm (off by default, see hopper_gemm's docstring): on sm_90a, NT GEMMs (and their fused epilogues) become wgmma + TMA kernels
-    written in TIRx (see hopper_gemm); amp's builds turn sm_90 into sm_90a for this
-    (``hopper_gemm.build_target``).
+    hopper_gemm (off by default, see hopper_gemm's docstring): on sm_90a, NT GEMMs (and their
+    fused epilogues) become wgmma + TMA kernels written in TIRx; amp's builds turn sm_90 into
+    sm_90a for this (``hopper_gemm.build_target``).
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """

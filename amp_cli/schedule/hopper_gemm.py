@@ -41,8 +41,8 @@ import math
 from dataclasses import dataclass
 
 from .. import tvm_compat
+from ..legalize.pipeline import TIRX_ATTR  # the mark amp's TIR pipeline routes to TIRx lowering
 
-TIRX_ATTR = "amp.tirx"
 BM, BK = 128, 64        # rows per CTA (two m64 warpgroups), K per stage (128 bytes of fp16)
 BNS = (192, 128, 64)     # 256 wide: same speed as 128 on N=4096, but its epilogue spills registers
 MIN_K = 512             # measured range (bert-large: K 1024/4096); short K loops keep tc_gemm
@@ -52,8 +52,10 @@ MAX_STAGES = 6
 MIN_SM, MAX_SM = 90, 90  # sm_90a instructions (wgmma): Hopper only
 SM_COUNT = 132
 IN_TYPES = {"float16": "f16", "bfloat16": "bf16"}
-PAIR_TYPES = {"float16": "half2", "bfloat16": "nv_bfloat162", "float32": "float2"}
-PAIR_MAKERS = {"float16": "make_half2", "bfloat16": "make_bfloat162", "float32": "make_float2"}
+# output dtype -> (CUDA element type, two-element vector type, its constructor) for paired stores
+PAIR_TYPES = {"float16": ("half", "half2", "make_half2"),
+              "bfloat16": ("nv_bfloat16", "nv_bfloat162", "make_bfloat162"),
+              "float32": ("float", "float2", "make_float2")}
 
 
 @dataclass(frozen=True)
@@ -240,9 +242,10 @@ def match_gemm(func):
             sch.compute_inline(blk)
     except Exception as exc:  # noqa: BLE001
         return f"epilogue does not inline ({type(exc).__name__})"
-    last = sch.get(sch.get_child_blocks(get_root_block(sch))[-1])
-    if len(sch.get_child_blocks(get_root_block(sch))) > 2:
+    remaining = sch.get_child_blocks(get_root_block(sch))
+    if len(remaining) > 2:
         return "epilogue did not inline into one block"
+    last = sch.get(remaining[-1])
     if len(blocks) == 1:
         out, iters = c, spatial
         value_expr = None
@@ -336,10 +339,10 @@ def _fence_src(n: int):
 
 
 def _store_src(dtype: str):
-    name = f"amp_store_pair_{PAIR_TYPES[dtype]}"
-    ctype = {"float16": "half", "bfloat16": "nv_bfloat16", "float32": "float"}[dtype]
+    ctype, pair, make = PAIR_TYPES[dtype]
+    name = f"amp_store_pair_{pair}"
     return name, (f"__device__ __forceinline__ void {name}({ctype}* p, {ctype} a, {ctype} b) "
-                  f"{{ *({PAIR_TYPES[dtype]}*)p = {PAIR_MAKERS[dtype]}(a, b); }}\n")
+                  f"{{ *({pair}*)p = {make}(a, b); }}\n")
 
 
 def gemm_kernel(match: GemmMatch, p: Plan):
