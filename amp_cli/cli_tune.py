@@ -6,6 +6,7 @@ import sys
 import click
 
 from .cli import EPILOG, _debug_option, build_config, convert_options
+from .tune_bar import TuneBar
 
 STRATEGY_HELP = (
     "MetaSchedule search strategy [default: evolutionary]. "
@@ -72,44 +73,12 @@ def tune(model, db_dir, target, precision, accumulate, config_file, input_shapes
                       trials_per_iter=trials_per_iter, seed=seed,
                       time_budget_s=parse_duration(time_budget) if time_budget else None)
     loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify)
-    bar = _TuneBar()
+    bar = TuneBar()
     try:
         result = api_tune(loaded, cfg, tcfg, progress=bar.update)
     finally:
         bar.close()
     click.echo(summary_text(result))
-
-
-class _TuneBar:
-    """tqdm rendering of TuneProgress: trials done/total, tasks done/total, best latency, ETA."""
-
-    def __init__(self):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=1, desc="amp tune", unit="trial", leave=False, file=sys.stderr,
-                        disable=None, bar_format="{desc}: {n_fmt}/{total_fmt} {bar} {postfix}")
-
-    def update(self, p) -> None:
-        if p.phase != "tune":
-            self.bar.set_postfix_str(p.phase + (f" ({p.tasks_total} kernels)"
-                                                if p.tasks_total else ""))
-            return
-        self.bar.total = max(1, p.trials_total)
-        self.bar.n = p.trials_done
-        parts = [f"tasks {p.tasks_done}/{p.tasks_total}"]
-        if p.best_ms is not None:
-            parts.append(f"best {p.best_ms:.3f} ms")
-        if p.eta_s is not None:
-            parts.append(f"ETA {_fmt_s(p.eta_s)}")
-        self.bar.set_postfix_str(", ".join(parts))
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _fmt_s(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def summary_text(r) -> str:
