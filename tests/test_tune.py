@@ -302,3 +302,52 @@ def test_prescheduled_kernels_are_not_tuning_tasks():
     tasks = ms.relax_integration.extract_tasks(bb.get(), tvm.target.Target("llvm"))
     assert len(tasks) == 2
     assert [t.task_name for t in tunable_tasks(tasks)] == ["plain"]
+
+
+@pytest.mark.parametrize("hopper", [True, False])
+def test_hopper_gemms_are_not_tuning_tasks(tmp_path, hopper):
+    """On sm_90 the Hopper GEMM pass runs before the tuning capture (and before tuning records
+    are applied): the GEMM it takes is scheduled already and drops out of the tasks; with
+    ``cuda.hopper_gemm`` off the same GEMM is a task again."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from amp_cli.config import ConvertConfig, CudaConfig
+    from amp_cli.legalize.pipeline import TIRX_ATTR
+    from amp_cli.load import load
+    from amp_cli.target import resolve_target
+    from amp_cli.tune import fused_module, tunable_tasks, tuning_target
+
+    model = load(_tiny_onnx(tmp_path / "gemm.onnx", n=256, k=512, m=256))
+    cfg = ConvertConfig(target="cuda:sm_90", cuda=CudaConfig(hopper_gemm=hopper))
+    target = resolve_target(cfg.target)
+    fused = fused_module(model, cfg, target)
+    hopper_funcs = [gv.name_hint for gv, f in fused.functions_items()
+                    if f.attrs is not None and f.attrs.get(TIRX_ATTR, False)]
+    tasks = tunable_tasks(ms.relax_integration.extract_tasks(fused, tuning_target(target)))
+    gemm_tasks = [t.task_name for t in tasks if "matmul" in t.task_name]
+    if hopper:
+        assert len(hopper_funcs) == 1 and not gemm_tasks, (hopper_funcs, gemm_tasks)
+    else:
+        assert not hopper_funcs and len(gemm_tasks) == 1, (hopper_funcs, gemm_tasks)
+
+
+def test_progress_callback_unpickles_in_a_fresh_interpreter():
+    """On a GPU machine the tuning runs in a spawned child and `amp tune`'s progress callback is
+    pickled to it. Unpickling imports the callback's module in a fresh interpreter; when that was
+    cli_tune, the import was circular (cli_tune -> cli -> cli_tune) and every `amp tune` on the
+    H200 died before tuning."""
+    import pickle
+
+    from amp_cli.cli_tune import tune  # noqa: F401 - the CLI as the parent has it loaded
+    from amp_cli.tune_bar import TuneBar
+
+    bar = TuneBar()
+    try:
+        blob = pickle.dumps(bar.update)
+    finally:
+        bar.close()
+    code = "import pickle, sys; f = pickle.loads(sys.stdin.buffer.read()); print(callable(f))"
+    proc = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True,
+                          timeout=120, cwd=str(Path(__file__).parent.parent))
+    assert proc.returncode == 0, proc.stderr.decode()[-1500:]
+    assert proc.stdout.decode().strip() == "True"
