@@ -212,18 +212,23 @@ def test_bf16_matches_float64():
     assert _rel(out, ref) < 1e-2
 
 
-def test_off_by_default_and_sm90a_only_when_on():
-    """Opt-in (cuda.hopper_gemm): a default sm_90 build keeps sm_90 and amp's wmma GEMMs."""
+def test_on_by_default_for_sm90_only():
+    """cuda.hopper_gemm is on by default: sm_90 builds compile for sm_90a and take the Hopper
+    GEMMs; switched off they stay sm_90; other archs are left alone either way."""
     from amp_cli.build import compile_target
     from amp_cli.config import CudaConfig
     from amp_cli.target import resolve_target
 
     target = resolve_target("cuda:sm_90")
-    assert CudaConfig().hopper_gemm is False
-    assert str(compile_target(target).attrs["arch"]) == "sm_90"
-    assert str(compile_target(target, CudaConfig(hopper_gemm=True)).attrs["arch"]) == "sm_90a"
-    assert not hg.enabled_for(compile_target(target))
-    assert hg.enabled_for(compile_target(target, CudaConfig(hopper_gemm=True)))
+    assert CudaConfig().hopper_gemm is True
+    assert str(compile_target(target).attrs["arch"]) == "sm_90a"
+    assert hg.enabled_for(compile_target(target))
+    off = compile_target(target, CudaConfig(hopper_gemm=False))
+    assert str(off.attrs["arch"]) == "sm_90"
+    assert not hg.enabled_for(off)
+    ampere = compile_target(resolve_target("cuda:sm_80"))
+    assert str(ampere.attrs["arch"]) == "sm_80"
+    assert not hg.enabled_for(ampere)
 
 
 @pytest.mark.parametrize("func", [

@@ -104,7 +104,7 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                         rewrite_stats: dict | None = None, sink_reshapes: bool = True,
                         fused_attention: bool = True, fused_norm_cast: bool = True,
                         small_gemm: bool = True, unroll_injective: bool = True,
-                        hopper_gemm: bool = False):
+                        hopper_gemm: bool = True):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     conv_as_gemm: rewrite fp16/bf16 conv2d (groups=1) into im2col + GEMM (see conv_gemm).
@@ -119,9 +119,10 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
     one kernel (see norm_cast).
     small_gemm: GEMMs of 2..16 rows get amp's lane-split schedule (see small_gemm).
     unroll_injective: large injective kernels take several elements per thread (see injective).
-    hopper_gemm (off by default, see hopper_gemm's docstring): on sm_90a, NT GEMMs (and their
-    fused epilogues) become wgmma + TMA kernels written in TIRx; amp's builds turn sm_90 into
-    sm_90a for this (``hopper_gemm.build_target``).
+    hopper_gemm: on sm_90a, NT GEMMs (and their fused epilogues) become wgmma + TMA kernels
+    written in TIRx (see hopper_gemm's docstring); amp's builds turn sm_90 into sm_90a for this
+    (``hopper_gemm.build_target``). They run before tuning records are applied: a GEMM they take
+    is not a tuning task, and a record for it (from a database tuned without them) is not used.
     rule_failures: a list that collects the schedule rules that raised (see ``_fallible``).
     Must run on the precision-converted module (the rewrite keys on fp16/bf16 convs).
     """
@@ -164,8 +165,8 @@ def cuda_relax_pipeline(target, extra_schedule_passes=None, conv_as_gemm=True, c
                 + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                    relax.transform.FoldConstant(), relax.transform.FuseOps(),
                    relax.transform.FuseTIR()]
-                + list(extra_schedule_passes or [])
                 + ([hopper_gemm_pass(target, stats)] if hopper else [])
+                + list(extra_schedule_passes or [])
                 + cuda_schedule_passes(target, rule_failures, small_gemm, unroll_injective)
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target))
