@@ -59,13 +59,15 @@ def build_library(mod, precision: str, arch: str, out_path: str, cuda_graph: boo
     import tvm
 
     from amp_cli import tvm_compat
-    from amp_cli.config import PrecisionConfig
+    from amp_cli.config import CudaConfig, PrecisionConfig
     from amp_cli.legalize import cuda_tir_pipeline
     from amp_cli.precision import convert_precision
     from amp_cli.schedule.cuda import cuda_relax_pipeline
+    from amp_cli.schedule.hopper_gemm import build_target
 
     low, _ = convert_precision(mod, PrecisionConfig(precision=precision))
-    tgt = tvm.target.Target({"kind": "cuda", "arch": arch})
+    # as amp's build: sm_90 becomes sm_90a when the Hopper GEMMs are on (the default)
+    tgt = build_target(tvm.target.Target({"kind": "cuda", "arch": arch}), CudaConfig().hopper_gemm)
     with tgt:
         lowered = cuda_relax_pipeline(tgt, conv_as_gemm=conv_as_gemm, cuda_graph=cuda_graph)(low)
     records: list = []

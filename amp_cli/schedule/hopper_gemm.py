@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from .. import tvm_compat
 from ..legalize.pipeline import TIRX_ATTR  # the mark amp's TIR pipeline routes to TIRx lowering
+from .tc_gemm import sm_count
 
 BM, BK = 128, 64        # rows per CTA (two m64 warpgroups), K per stage (128 bytes of fp16)
 BNS = (192, 128, 64)     # 256 wide: same speed as 128 on N=4096, but its epilogue spills registers
@@ -48,7 +49,7 @@ MAX_K = 8192            # the consumer's K loop is unrolled (see gemm_kernel): 1
 SMEM_BUDGET = 200 * 1024
 MAX_STAGES = 6
 MIN_SM, MAX_SM = 90, 90  # sm_90a instructions (wgmma): Hopper only
-SM_COUNT = 132
+SM_COUNT = sm_count(90)  # H100/H200
 IN_TYPES = {"float16": "f16", "bfloat16": "bf16"}
 # output dtype -> (CUDA element type, two-element vector type, its constructor) for paired stores
 PAIR_TYPES = {"float16": ("half", "half2", "make_half2"),
@@ -479,7 +480,6 @@ def hopper_gemm_pass(target, stats: dict | None = None):
     """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
     (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``."""
     from .rewrite import replace_functions
-    from .tc_gemm import sm_count
     from .tensorcore import arch_sm
 
     tvm = tvm_compat.tvm()
