@@ -48,11 +48,15 @@ STRATEGY_HELP = (
               help="Device key of the RPC servers (with --rpc-tracker).")
 @click.option("--trials-per-iter", type=click.IntRange(min=1), default=16, show_default=True,
               help="Candidates measured per search round of a kernel.")
+@click.option("--population", type=click.IntRange(min=2), default=None,
+              help="Schedules the evolutionary search samples, mutates and ranks per round "
+                   "[default: 8 x --trials-per-iter]. A round's time grows with it; "
+                   "MetaSchedule's own default is 512.")
 @click.option("--seed", type=int, default=None, help="Random seed of the search.")
 @_debug_option
 def tune(model, db_dir, target, precision, accumulate, config_file, input_shapes, keep_io_types,
          exclude_ops, exclude_nodes, trials, time_budget, strategy, cost_model, workers,
-         rpc_tracker, rpc_key, trials_per_iter, seed):
+         rpc_tracker, rpc_key, trials_per_iter, population, seed):
     """Tune the kernels of MODEL, converted as `amp convert` converts it, with MetaSchedule.
 
     \b
@@ -70,7 +74,7 @@ def tune(model, db_dir, target, precision, accumulate, config_file, input_shapes
                        exclude_ops, exclude_nodes)
     tcfg = TuneConfig(db_dir=db_dir, trials=trials, strategy=strategy, cost_model=cost_model,
                       workers=workers, rpc_tracker=rpc_tracker, rpc_key=rpc_key,
-                      trials_per_iter=trials_per_iter, seed=seed,
+                      trials_per_iter=trials_per_iter, population=population, seed=seed,
                       time_budget_s=parse_duration(time_budget) if time_budget else None)
     loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify)
     bar = TuneBar()

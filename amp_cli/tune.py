@@ -78,6 +78,7 @@ class TuneConfig:
     repeat: int = 3  # timing repeats per candidate (each >= min_repeat_ms)
     min_repeat_ms: int = 50
     seed: int | None = None
+    population: int | None = None  # evolutionary search population (None: 8 x trials_per_iter)
     measure_default: bool = True  # also time amp's default schedule of each task
 
     def to_dict(self) -> dict:
@@ -281,6 +282,41 @@ def open_database(db_dir: str | Path, create: bool = False):
                         f"{_last_line(exc)}") from None
 
 
+def compact_database(db_dir: str | Path, out_dir: str | Path) -> int:
+    """Write the best record of every kernel in DB_DIR (and the workloads of those kernels
+    only) to OUT_DIR, with DB_DIR's summary.json: the small database to commit next to a model
+    (``--tuning-db`` applies the same schedules from it; ``amp tune --db OUT_DIR`` resumes from
+    it, with the search history dropped). OUT_DIR may be DB_DIR; it is replaced only once the
+    new database is complete. Returns the number of records kept."""
+    import shutil
+
+    ms = tvm_compat.meta_schedule()
+    src = open_database(db_dir)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.compact-", dir=str(out.parent)))
+    try:
+        os.chmod(tmp, _default_mode(0o777))  # mkdtemp makes it 0700
+        dst = ms.database.JSONDatabase(work_dir=str(tmp), allow_missing=True)
+        src.dump_pruned(dst)  # MetaSchedule's: the best valid record per workload and target
+        kept = len(dst)
+        summary = read_summary(db_dir)
+        if summary:
+            summary["compacted"] = {"from_records": len(src), "records": kept}
+            _write_summary(tmp, summary)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return kept
+
+
 def read_summary(db_dir: str | Path) -> dict:
     path = Path(db_dir) / SUMMARY_FILE
     try:
@@ -298,7 +334,15 @@ def _write_summary(db_dir: str | Path, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(_clean(data), f, indent=2)
         f.write("\n")
+    os.chmod(tmp, _default_mode(0o666))  # mkstemp makes it 0600
     os.replace(tmp, path)
+
+
+def _default_mode(mode: int) -> int:
+    """MODE less the process umask: what a plain open() / mkdir() would create."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,6 +634,7 @@ def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -
             for t, us in zip(todo, _time_defaults([t.ctx[0] for t in todo], target, builder,
                                                    runner, packable)):
                 t.result.default_us = us
+    tasks = [tasks[i] for i in search_order([t.result for t in tasks])]
     _save_summary(db_dir, target, tune_cfg, strategy, cost_kind, tasks, summary, None)
 
     budget = max(0, tune_cfg.trials - records_before)
@@ -606,7 +651,7 @@ def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -
         contexts = []
         for t in tasks:
             wmod, name, i = t.ctx
-            inner = ms.search_strategy.SearchStrategy.create(strategy)
+            inner = search_strategy(strategy, tune_cfg)
             wrapper = _resumable_strategy()(inner, t, deadline, counters)
             ctx = ms.TuneContext(mod=wmod, target=tgt, space_generator="post-order-apply",
                                  search_strategy=wrapper, task_name=name,
@@ -664,6 +709,31 @@ def _tune(model, cfg, target, tune_cfg: TuneConfig, progress: Progress | None) -
         records_before=records_before, trials_run=counters["trials"],
         skipped_measured=counters["skipped"], failed_builds=counters["failed_builds"],
         failed_runs=counters["failed_runs"], seconds=seconds, stopped=stopped, notes=notes)
+
+
+def search_order(results: list[TaskResult]) -> list[int]:
+    """Indices of the tasks, the largest share of the model's default kernel time first (weight x
+    default latency; tasks without a default time last, in extraction order).
+
+    MetaSchedule's gradient scheduler gives every task one search round in list order before it
+    chooses by gradient, and a round of a GEMM task takes seconds; under --time-budget this order
+    decides which kernels get tuned at all (in extraction order a 4 us cast went before the
+    convolutions)."""
+    return sorted(range(len(results)),
+                  key=lambda i: -(results[i].weight * (results[i].default_us or 0.0)))
+
+
+def search_strategy(strategy: str, tune_cfg: TuneConfig):
+    """MetaSchedule's search strategy for one task. The evolutionary search keeps a population of
+    ``tune_cfg.population`` (default 8 x trials_per_iter = 128) instead of MetaSchedule's 512:
+    a round's time (sampling, mutating and post-processing every member) scales with it, and at
+    512 one round of a tensor-core convolution took ~100 s of CPU on 2 cores, ~7x the 128's."""
+    ms = tvm_compat.meta_schedule()
+    if strategy != "evolutionary":
+        return ms.search_strategy.SearchStrategy.create(strategy)
+    population = tune_cfg.population or max(64, 8 * tune_cfg.trials_per_iter)
+    return ms.search_strategy.EvolutionarySearch(population_size=population,
+                                                 init_min_unmeasured=min(50, population))
 
 
 def tuning_target(target):

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from amp_cli.cli import main
-from amp_cli.tune import RECORD_FILE, SUMMARY_FILE, WORKLOAD_FILE, parse_duration, \
-    repair_database
+from amp_cli.tune import RECORD_FILE, SUMMARY_FILE, WORKLOAD_FILE, compact_database, \
+    parse_duration, repair_database
 
 FAST = ["--target", "llvm", "--trials-per-iter", "3", "--workers", "2", "--cost-model",
         "random", "--seed", "0"]
@@ -119,6 +119,27 @@ def test_tune_writes_records_and_convert_uses_them(tiny, tmp_path):
     assert sched["tuned"] >= 1, sched  # the matmul's tuned record beats amp's default
     assert {k["schedule"] for k in sched["kernels"]} <= {"tuned", "default"}
     assert "tuned" in (out / "report.md").read_text()
+
+    # the compacted copy (what one commits) keeps the best record per kernel and applies the
+    # same schedules
+    small = tmp_path / "small"
+    kept = compact_database(db, small)
+    best = {}
+    for line in (db / RECORD_FILE).read_text().splitlines():
+        wl, (_trace, secs, *_rest) = json.loads(line)
+        if secs:
+            best[wl] = min(best.get(wl, 1e9), sum(secs) / len(secs))
+    assert kept == _valid_lines(small / RECORD_FILE) == len(best)
+    secs = [json.loads(line)[1][1] for line in (small / RECORD_FILE).read_text().splitlines()]
+    assert sorted(sum(s) / len(s) for s in secs) == pytest.approx(sorted(best.values()))
+    assert json.loads((small / SUMMARY_FILE).read_text())["compacted"]["records"] == kept
+    out2 = tmp_path / "out2"
+    res = _run(["convert", str(tiny), "-o", str(out2), "--target", "llvm", "--tuning-db",
+                str(small), "--no-accuracy"])
+    assert res.exit_code == 0, res.output
+    sched2 = json.loads((out2 / "report.json").read_text())["build"]["schedule"]
+    assert [(k["kernel"], k["schedule"]) for k in sched2["kernels"]] == \
+        [(k["kernel"], k["schedule"]) for k in sched["kernels"]]
 
     base = tmp_path / "base"
     res = _run(["convert", str(tiny), "-o", str(base), "--target", "llvm", "--no-accuracy"])
@@ -351,3 +372,39 @@ def test_progress_callback_unpickles_in_a_fresh_interpreter():
                           timeout=120, cwd=str(Path(__file__).parent.parent))
     assert proc.returncode == 0, proc.stderr.decode()[-1500:]
     assert proc.stdout.decode().strip() == "True"
+
+
+def test_search_order_puts_the_largest_share_of_default_time_first():
+    from amp_cli.tune import TaskResult, search_order
+
+    tasks = [TaskResult(task="cast", workload="a", weight=1, default_us=4.0),
+             TaskResult(task="conv_x5", workload="b", weight=5, default_us=17.0),  # 85 us
+             TaskResult(task="untimed", workload="c", weight=9, default_us=None),
+             TaskResult(task="stem", workload="d", weight=1, default_us=40.0),
+             TaskResult(task="cast_x3", workload="e", weight=3, default_us=4.0)]  # 12 us
+    assert [tasks[i].task for i in search_order(tasks)] == \
+        ["conv_x5", "stem", "cast_x3", "cast", "untimed"]
+
+
+def test_evolutionary_population_follows_trials_per_iter():
+    from amp_cli.tune import TuneConfig, search_strategy
+
+    s = search_strategy("evolutionary", TuneConfig(db_dir="db"))
+    assert (s.population_size, s.init_min_unmeasured) == (128, 50)  # 8 x 16, not TVM's 512
+    s = search_strategy("evolutionary", TuneConfig(db_dir="db", trials_per_iter=4, population=20))
+    assert (s.population_size, s.init_min_unmeasured) == (20, 20)
+    assert type(search_strategy("replay-trace", TuneConfig(db_dir="db"))).__name__ == \
+        "ReplayTrace"
+
+
+def test_first_round_goes_to_the_kernel_with_most_default_time(tiny, tmp_path):
+    # one round of 3 trials: only the first task in the scheduler's order is measured, and
+    # that must be the one with the largest weight x default latency, not the first extracted
+    db = tmp_path / "db"
+    res = _run(["tune", str(tiny), "--db", str(db), "--trials", "3", "--population", "16",
+                *FAST])
+    assert res.exit_code == 0, res.output
+    tasks = json.loads((db / SUMMARY_FILE).read_text())["tasks"]
+    share = {t["task"]: t["weight"] * t["default_us"] for t in tasks}
+    tuned = [t["task"] for t in tasks if t["records"]]
+    assert tuned == [max(share, key=share.get)], (tuned, share)
