@@ -131,6 +131,8 @@ def run_builds(jobs: list[dict], max_parallel: int, deadline: float) -> None:
                 j["build_s"] = r["build"]["seconds"]
                 j["kernels"] = len(r["build"]["kernels"])
                 j["tensor_core_kernels"] = r["build"].get("tensor_core_kernels")
+                if j["tuning_db"]:  # how many kernels took a record (the rest: amp's default)
+                    j["tuned_kernels"] = (r["build"].get("schedule") or {}).get("tuned")
                 j["convert_s"] = r.get("timings", {}).get("convert_s")
             log(f"build done: {j['name']}: {j['status']} in {j['wall_s']:.0f}s wall")
             running.remove(j)
@@ -423,6 +425,8 @@ def render(result: dict, build_only: bool = False) -> str:
              f"wall {result['wall_s']:.0f}s"]
     lines.append("builds (s, wall in parallel): " + "; ".join(
         f"{b['name']} {_f(b.get('wall_s'), '.0f')}"
+        + (f" ({b['tuned_kernels']} of {b.get('kernels')} kernels from the records)"
+           if b.get("tuned_kernels") is not None else "")
         + ("" if b.get("rc") == 0 else f" [{b.get('status', 'not run')}]")
         for b in result["builds"]))
     if build_only:
