@@ -726,8 +726,8 @@ def search_order(results: list[TaskResult]) -> list[int]:
 def search_strategy(strategy: str, tune_cfg: TuneConfig):
     """MetaSchedule's search strategy for one task. The evolutionary search keeps a population of
     ``tune_cfg.population`` (default 8 x trials_per_iter = 128) instead of MetaSchedule's 512:
-    a round's time (sampling, mutating and post-processing every member) scales with it, and at
-    512 one round of a tensor-core convolution took ~100 s of CPU on 2 cores, ~7x the 128's."""
+    a round's time (sampling, mutating and post-processing every member) scales with it: one
+    round of a tensor-core convolution took ~100 s of CPU on 2 cores at 512, ~30 s at 128."""
     ms = tvm_compat.meta_schedule()
     if strategy != "evolutionary":
         return ms.search_strategy.SearchStrategy.create(strategy)
