@@ -34,15 +34,16 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 
 def reference_models(names: list[str], batch: int):
+    """The gpu suite's models, bert-large with 2 layers (same kernels, a 2-layer build)."""
     import models as bm
 
-    table = {"resnet50": lambda: bm.resnet50(batch=batch),
-             "bert-large": lambda: bm.bert(batch=batch, layers=2, name="bert-large-2L")}
-    unknown = [n for n in names if n not in table]
+    suite = bm.gpu_suite(layers=2, batch=batch)
+    known = {m.name.split("-")[0]: m for m in suite}
+    unknown = [n for n in names if n.split("-")[0] not in known]
     if unknown:
         raise SystemExit(f"unknown model(s) {', '.join(unknown)}; choose from "
-                         f"{', '.join(table)}")
-    return [table[n]() for n in names]
+                         f"resnet50, bert-large")
+    return [known[n.split("-")[0]] for n in names]
 
 
 def main(argv=None) -> int:
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
 
     import onnx
 
-    from amp_cli.tune import compact_database
+    from amp_cli.tune import WORKLOAD_FILE, compact_database
 
     suite = reference_models([n for n in args.models.split(",") if n], args.batch)
     db = Path(args.db)
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
             print(f"== {m.name}: exit {rc} after {time.perf_counter() - t:.0f} s", flush=True)
             if rc:
                 failed.append(m.name)
-        if (work_db / "database_workload.json").exists():
+        if (work_db / WORKLOAD_FILE).exists():
             kept = compact_database(work_db, db)
             print(f"== wrote {db}: best record of {kept} kernels", flush=True)
     if failed:
