@@ -16,7 +16,7 @@ from .errors import AmpError  # noqa: F401
 # Stage functions, imported eagerly so that they (not their modules, which share the names)
 # are the package attributes. Heavy imports (tvm, torch, onnxruntime) stay inside functions.
 from .convert import Conversion, convert  # noqa: E402,F401
-from .load import LoadedModel, load  # noqa: E402,F401
+from .frontend import LoadedModel, load  # noqa: E402,F401
 
 __all__ = ["AmpError", "Conversion", "ConvertConfig", "LoadedModel", "PolicyConfig",
            "PrecisionConfig", "convert", "load"]

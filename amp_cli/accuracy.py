@@ -5,7 +5,7 @@ import numpy as np
 
 from . import tvm_compat
 from .errors import InputError
-from .load import InputSpec
+from .frontend import InputSpec
 
 INT_INPUT_RANGE = (0, 16)  # token ids and indices: small, valid for any vocabulary >= 16
 
@@ -93,15 +93,15 @@ class LibraryRunner:
     def __call__(self, feeds: dict[str, np.ndarray], order: list[str]) -> list[np.ndarray]:
         args = [tvm_compat.to_tvm_tensor(feeds[n], self.device) for n in order]
         out = self.vm["main"](*args)
-        return [np.asarray(o.numpy()) for o in _flatten(out)]
+        return [np.asarray(o.numpy()) for o in flatten_outputs(out)]
 
 
-def _flatten(out):
+def flatten_outputs(out):
     if hasattr(out, "numpy"):
         return [out]
     items = []
     for o in out:
-        items.extend(_flatten(o))
+        items.extend(flatten_outputs(o))
     return items
 
 
@@ -127,3 +127,21 @@ def check_accuracy(model, library: str, device: str, seed: int, samples: int = 1
                 per_output[i]["cosine"] = min(per_output[i]["cosine"], m["cosine"])
     return {"device": device, "samples": samples, "seed": seed, "outputs": per_output,
             "worst": summarize(per_output)}
+
+
+def compare_outputs(reference, outputs, model=None) -> dict | None:
+    """Worst-case and per-output metrics of ``outputs`` against ``reference`` (None when there
+    is no reference); outputs are named after ``model.outputs`` where known."""
+    if reference is None:
+        return None
+    if len(reference) != len(outputs):
+        return {"max_abs": float("inf"), "rel_l2": float("inf"), "cosine": 0.0,
+                "nonfinite_share": 0.0, "outputs": [],
+                "error": f"{len(outputs)} outputs, the reference has {len(reference)}"}
+    names = list(getattr(model, "outputs", []) or [])
+    per = []
+    for i, (r, g) in enumerate(zip(reference, outputs)):
+        per.append({"output": names[i] if i < len(names) else f"output{i}",
+                    **metrics(r, np.asarray(g, dtype=np.float32)
+                              if np.asarray(g).dtype.kind == "f" else g)})
+    return {**summarize(per), "outputs": per}

@@ -1,7 +1,7 @@
 """One schema for amp's settings: a dataclass per concern.
 
-Precedence: dataclass defaults < the policy YAML for the target/precision (configs/) < the
-user's ``--config`` YAML < command-line flags. Unknown YAML keys are an error naming the closest
+Precedence: dataclass defaults < the shipped policy YAML for the target/precision
+(``precision/policies/``) < the user's ``--config`` YAML < command-line flags. Unknown YAML keys are an error naming the closest
 valid key; the resolved config goes into every report.
 """
 from __future__ import annotations
@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .dtypes import PRECISION_DTYPES
 from .errors import ConfigError
 
 PRECISIONS = ("fp16", "bf16", "fp32")
 ACCUMULATE = ("fp32", "fp16")
-DTYPE_OF = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass
@@ -48,11 +47,11 @@ class PrecisionConfig:
 
     @property
     def dtype(self) -> str:
-        return DTYPE_OF[self.precision]
+        return PRECISION_DTYPES[self.precision]
 
     @property
     def accumulate_dtype(self) -> str:
-        return DTYPE_OF[self.accumulate] if self.precision != "fp32" else "float32"
+        return PRECISION_DTYPES[self.accumulate] if self.precision != "fp32" else "float32"
 
 
 @dataclass
@@ -134,7 +133,9 @@ def _expect(value: Any, types, where: str):
     return value
 
 
-def _apply(obj, data: dict, where: str, source: str):
+def apply_section(obj, data: dict, where: str, source: str):
+    """Set the fields of dataclass ``obj`` from the mapping ``data`` (the YAML section at
+    ``where`` of ``source``), strictly: unknown keys and wrong types are ConfigErrors."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: {where or 'top level'} must be a mapping, got "
                           f"{type(data).__name__}")
@@ -145,7 +146,7 @@ def _apply(obj, data: dict, where: str, source: str):
             raise ConfigError(f"{source}: unknown key '{path}'{_closest(str(key), list(fields))}")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
-            _apply(current, value, path, source)
+            apply_section(current, value, path, source)
         elif isinstance(current, list):
             _expect(value, list, f"{source}: {path}")
             for item in value:
@@ -194,28 +195,12 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def apply_yaml(cfg: ConvertConfig, data: dict, source: str) -> ConvertConfig:
-    _apply(cfg, data, "", source)
+    apply_section(cfg, data, "", source)
     try:
         validate(cfg)
     except ConfigError as exc:  # say which file the bad value came from
         raise ConfigError(f"{source}: {exc}") from None
     return cfg
-
-
-def default_policy_file(target_kind: str, precision: str) -> Path | None:
-    name = "cpu.yaml" if target_kind == "llvm" else f"cuda-{precision}.yaml"
-    p = CONFIG_DIR / name
-    return p if p.is_file() else None
-
-
-def apply_policy_file(cfg: ConvertConfig, target_kind: str) -> None:
-    """Merge the documented default policy for this target/precision (configs/*.yaml)."""
-    path = default_policy_file(target_kind, cfg.precision.precision)
-    if path is None:
-        return
-    data = read_yaml(path)
-    policy = data.get("precision", {}).get("policy", {})
-    _apply(cfg.precision.policy, policy, "precision.policy", str(path))
 
 
 def validate(cfg: ConvertConfig) -> None:

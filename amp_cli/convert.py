@@ -18,11 +18,14 @@ from typing import Callable
 
 from . import tvm_compat
 from .accuracy import check_accuracy
-from .build import BuildResult, build
-from .config import ConvertConfig, apply_policy_file, validate
+from .compile import BuildResult, build
+from .config import ConvertConfig
 from .errors import OutputError
-from .load import LoadedModel
-from .precision import PrecisionReport, convert_precision
+from .frontend import LoadedModel
+from .hardware import set_num_threads
+from .precision import PrecisionReport, convert_precision, resolve_config
+from .precision.auto import auto_precision
+from .precision.sensitivity import write_chart
 from .report import build_report, render_markdown, write_json
 from .target import ResolvedTarget, cpu_target, resolve_target
 
@@ -71,8 +74,6 @@ class Conversion:
             write_json(tmp / "report.json", report)
             (tmp / "report.md").write_text(render_markdown(report))
             if report.get("auto_precision"):  # skipped without matplotlib
-                from .sensitivity import write_chart
-
                 write_chart(report["auto_precision"], tmp / "sensitivity.png")
             if out.exists():
                 old = parent / f".{out.name}.old-{os.getpid()}"
@@ -115,20 +116,6 @@ def check_outdir(outdir: str | Path, force: bool = False) -> Path:
     return out
 
 
-def prepare_config(cfg: ConvertConfig, target: ResolvedTarget) -> ConvertConfig:
-    """The config with the target's default policy (configs/*.yaml) merged under the user's."""
-    resolved = copy.deepcopy(cfg)
-    user_policy = copy.deepcopy(cfg.precision.policy)
-    apply_policy_file(resolved, target.kind)
-    for name in ("always", "follow", "never"):
-        if getattr(user_policy, name):
-            setattr(resolved.precision.policy, name, getattr(user_policy, name))
-    resolved.precision.policy.exclude_ops = list(user_policy.exclude_ops)
-    resolved.precision.policy.exclude_nodes = list(user_policy.exclude_nodes)
-    validate(resolved)
-    return resolved
-
-
 def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
             progress: Progress | None = None, isolate: bool = True) -> Conversion:
     """Convert `model` to mixed precision and build it for ``cfg.target``.
@@ -140,10 +127,8 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
     cfg = cfg or ConvertConfig()
     step = progress or (lambda _s: None)
     target = resolve_target(cfg.target)
-    cfg = prepare_config(cfg, target)
+    cfg = resolve_config(cfg, target.kind)
     if cfg.threads:
-        from .schedule.cpu import set_num_threads
-
         set_num_threads(cfg.threads)
     notes = list(target.notes)
     missing = [n for n in cfg.precision.policy.exclude_nodes if n not in model.node_types]
@@ -151,8 +136,6 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
         notes.append(f"--exclude-node names no node of the model: {', '.join(missing)}")
     auto = None
     if cfg.auto_precision.enabled:  # choose the nodes kept in fp32/bf16 (docs/auto-precision.md)
-        from .autoprecision import auto_precision
-
         auto = auto_precision(model, cfg, isolate=isolate)
         notes.extend(auto.notes)
         if cfg.auto_precision.metric == "rel_l2":

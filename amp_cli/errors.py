@@ -70,3 +70,10 @@ class GateError(AmpError):
     """A bench gate (--max-latency-ratio / --max-rel-error) failed."""
 
     exit_code = EXIT_GATE
+
+
+def last_line(exc) -> str:
+    """The last non-empty line of an exception's text (TVM puts the message after a backtrace),
+    at most 400 characters."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:400]

@@ -7,31 +7,29 @@ import math
 import platform
 import re
 import subprocess
+from importlib import metadata
 from pathlib import Path
+
+from .precision.sensitivity import render_markdown_section
+from .target import find_nvcc
 
 REPORT_VERSION = 1
 
 
 def versions() -> dict:
-    from importlib import metadata
-
-    out = {"amp": None, "python": platform.python_version()}
-    from . import __version__
-
-    out["amp"] = __version__
-    for dist in ("apache-tvm", "apache-tvm-ffi", "onnx", "onnxruntime", "onnxslim", "numpy",
-                 "torch"):
+    out = {"python": platform.python_version()}
+    for name, dist in (("amp", "amp-cli"),) + tuple((d, d) for d in (
+            "apache-tvm", "apache-tvm-ffi", "onnx", "onnxruntime", "onnxslim", "numpy",
+            "torch")):
         try:
-            out[dist] = metadata.version(dist)
+            out[name] = metadata.version(dist)
         except metadata.PackageNotFoundError:
-            out[dist] = None
+            out[name] = None
     out["cuda"] = cuda_version()
     return out
 
 
 def cuda_version() -> str | None:
-    from .target import find_nvcc
-
     nvcc = find_nvcc()
     if not nvcc:
         return None
@@ -44,12 +42,12 @@ def cuda_version() -> str | None:
     return m.group(1) if m else None
 
 
-def _clean(obj):
+def clean_json(obj):
     """JSON-safe: inf/nan as strings, numpy scalars as Python numbers."""
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): clean_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [clean_json(v) for v in obj]
     if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
         try:
             obj = obj.item()
@@ -63,13 +61,13 @@ def _clean(obj):
 
 
 def write_json(path: str | Path, data: dict) -> None:
-    Path(path).write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
+    Path(path).write_text(json.dumps(clean_json(data), indent=2, sort_keys=False) + "\n")
 
 
 def build_report(model, cfg, target, prec, build, accuracy, notes, timings,
                  auto_precision=None) -> dict:
     extra = {"auto_precision": auto_precision} if auto_precision else {}
-    return _clean({
+    return clean_json({
         "report_version": REPORT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.to_dict(),
@@ -95,18 +93,6 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.3g}"
     return str(v)
-
-
-REWRITE_LABELS = {"convs_as_gemm": "convolutions as GEMMs",
-                  "implicit_gemm_convs": "of them implicit GEMMs",
-                  "combined_matmuls": "matmuls combined into wider GEMMs",
-                  "matmuls_nt": "matmuls in NT form", "split_k_gemms": "GEMMs split along K",
-                  "reshapes_sunk": "ops moved before their flattening reshape",
-                  "attention_fused": "attention cores fused into one kernel",
-                  "attention_unfused": "attention cores left unfused (shape)",
-                  "norm_casts": "layer norms writing their fp16/bf16 cast in the same kernel",
-                  "norm_casts_unfused": "layer norm + cast pairs left unfused (row length)",
-                  "hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"}
 
 
 def render_markdown(r: dict) -> str:
@@ -165,8 +151,9 @@ def render_markdown(r: dict) -> str:
             lines.append("- CUDA legalization: no kernel needed a rewrite")
     rewrites = {k: v for k, v in (b.get("graph_rewrites") or {}).items() if v}
     if rewrites:
+        labels = b.get("graph_rewrite_labels") or {}
         lines.append("- graph rewrites: " + ", ".join(
-            f"{n} {REWRITE_LABELS.get(k, k)}" for k, n in rewrites.items()))
+            f"{n} {labels.get(k, k)}" for k, n in rewrites.items()))
     if b.get("rule_failures"):
         lines.append("- schedule rules that raised on a kernel (the next rule scheduled it):")
         for f in b["rule_failures"]:
@@ -195,7 +182,5 @@ def render_markdown(r: dict) -> str:
                          f"{_fmt(w['cosine'])} | {_fmt(w['nonfinite_share'])} |")
         lines.append("")
     if r.get("auto_precision"):
-        from .sensitivity import render_markdown_section
-
         lines += render_markdown_section(r["auto_precision"])
     return "\n".join(lines)

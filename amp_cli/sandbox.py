@@ -31,6 +31,7 @@ import traceback
 from typing import Any, Callable
 
 from .errors import AmpError, BuildError
+from .tvm_compat import cuda_touched, dlight_transform, has_cuda_device
 
 _PROGRESS_ENV = "AMP_SANDBOX_PROGRESS"
 _CRASH_ENV = "AMP_TEST_CRASH"
@@ -76,7 +77,7 @@ def _note_scheduled_kernels() -> None:
     if "tvm" not in sys.modules:
         return
     try:
-        from tvm.s_tir.dlight.base import transform as dl_transform
+        dl_transform = dlight_transform()
     except Exception:  # noqa: BLE001 - another TVM version
         return
     original = getattr(dl_transform, "_apply_rules", None)
@@ -143,8 +144,6 @@ def _child(fn, args, kwargs, conn, progress, crash_log, parent_pid):
 
 def run_isolated(fn: Callable, *args, stage: str, isolate: bool = True, **kwargs) -> Any:
     """``fn(*args, **kwargs)`` in a forked child; returns its result or raises BuildError."""
-    from .tvm_compat import cuda_touched, has_cuda_device
-
     if not isolate or os.environ.get("AMP_NO_SANDBOX"):
         return fn(*args, **kwargs)
     # On a machine with a GPU, `import tvm` initializes CUDA, and a forked child of a process

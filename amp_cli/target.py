@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from . import tvm_compat
 from .errors import TargetError
+from .hardware import host_llvm_target
 
 CUDA_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a",
               "sm_100", "sm_120")
@@ -104,8 +105,6 @@ def resolve_target(text: str, check_toolchain: bool = True) -> ResolvedTarget:
             raise TargetError("CUDA target needs nvcc, which is not on PATH (set CUDA_HOME or "
                               "add the CUDA toolkit's bin/ to PATH)")
     else:
-        from .schedule.cpu import host_llvm_target
-
         _check_llvm_cpu(spec.get("mcpu"))
         base = host_llvm_target(spec.get("mcpu"))
         base.update({k: v for k, v in spec.items() if k != "kind"})
@@ -124,8 +123,7 @@ def _check_llvm_cpu(mcpu) -> None:
         return
     if not isinstance(mcpu, str) or not mcpu:
         raise TargetError(f"llvm mcpu must be a CPU name such as skylake, got {mcpu!r}")
-    tvm_compat.tvm()
-    from tvm.target import codegen
+    codegen = tvm_compat.llvm_codegen()
 
     triple = codegen.llvm_get_system_triple()
     if not codegen.llvm_is_valid_cpu(mcpu, triple):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 
 from .errors import AmpError
@@ -66,6 +67,103 @@ def meta_schedule():
     from tvm.s_tir import meta_schedule as ms
 
     return ms
+
+
+def _module(name: str):
+    """A TVM submodule by its (version-bound) dotted name, TVM imported and checked first."""
+    tvm()
+    return importlib.import_module(name)
+
+
+# --- TVM submodules amp reaches into, by their 0.27 names ------------------------------------
+def dlight_analysis():
+    """dlight's analysis helpers (normalize_prim_func, get_root_block, ...)."""
+    return _module("tvm.s_tir.dlight.analysis")
+
+
+def dlight_base():
+    """dlight's base module (try_inline, transform._apply_rules, ...)."""
+    return _module("tvm.s_tir.dlight.base")
+
+
+def dlight_transform():
+    """dlight's ApplyDefaultSchedule module (its per-function ``_apply_rules``)."""
+    return _module("tvm.s_tir.dlight.base.transform")
+
+
+def dlight_matmul():
+    """dlight's GPU matmul rules and analysis (Matmul, MatmulTensorization, get_index_map)."""
+    return _module("tvm.s_tir.dlight.gpu.matmul")
+
+
+def cuda_tensor_intrin():
+    """TVM's CUDA tensor intrinsics (importing registers them: wmma, mma, ...)."""
+    _module("tvm.s_tir.tensor_intrin")
+    return _module("tvm.s_tir.tensor_intrin.cuda")
+
+
+def tensor_intrin_class():
+    return _module("tvm.s_tir").TensorIntrin
+
+
+def tvmscript_tir():
+    """TVMScript's TIR namespace (``T``): ``tvm.script.tirx`` in 0.27."""
+    return _module("tvm.script.tirx")
+
+
+def relax_cuda_pipeline():
+    """TVM's Relax CUDA pipeline pieces (library_dispatch_passes, finalize_passes, ...)."""
+    return _module("tvm.relax.backend.cuda.pipeline")
+
+
+def relax_cpu_pipeline():
+    """TVM's Relax generic-CPU pipeline pieces."""
+    return _module("tvm.relax.backend.cpu_generic.pipeline")
+
+
+def llvm_codegen():
+    """LLVM target queries (llvm_get_system_cpu, llvm_cpu_has_features, vector width)."""
+    return _module("tvm.target.codegen")
+
+
+def index_map_class():
+    return _module("tvm.tirx").IndexMap
+
+
+def derived_object(cls):
+    """TVM's decorator that makes a Python subclass of a TVM object class (PyBuilder, ...)."""
+    return _module("tvm.ir.utils").derived_object(cls)
+
+
+def popen_pool():
+    """tvm.support.popen_pool (PopenPoolExecutor, StatusKind)."""
+    return _module("tvm.support.popen_pool")
+
+
+def tar_module():
+    return _module("tvm.support.tar")
+
+
+def remove_weight_layout_rewrite_block(mod):
+    return _module("tvm.s_tir.transform").RemoveWeightLayoutRewriteBlock(
+        skip_tensor_rewrite=True)(mod)
+
+
+def structural_hash(obj) -> int:
+    tvm()
+    import tvm_ffi
+
+    return tvm_ffi.structural_hash(obj)
+
+
+def registered_mixed_precision_policy(op_name: str) -> int | None:
+    """The ``TMixedPrecisionPolicy`` TVM registers for a Relax op (0 always, 1 follow,
+    2 never), or None (no such op, or none registered)."""
+    try:
+        kind = tvm().ir.Op.get(op_name).get_attr("TMixedPrecisionPolicy")
+    except Exception:  # noqa: BLE001 - not an op TVM knows
+        return None
+    return None if kind is None else int(kind)
 
 
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None):

@@ -12,10 +12,10 @@ Rows per model, all with the same thread count (--threads sets TVM's pool, the t
 measurements via TVM_NUM_THREADS, and ORT's intra_op_num_threads):
   * onnxruntime fp32 (CPUExecutionProvider), timed before and after the amp rows;
   * amp llvm P (untuned) for each P in --precisions: the path of
-    `amp convert MODEL --target llvm --precision P` (amp_cli.load, configs/cpu.yaml policy,
-    convert_precision, amp_cli.build.build, the exported model.so loaded back);
+    `amp convert MODEL --target llvm --precision P` (amp_cli.load, the shipped cpu policy,
+    convert_precision, amp_cli.compile.build, the exported model.so loaded back);
   * with --tune-budget B: `amp tune MODEL --target llvm --precision fp32 --db DIR/<model>
-    --time-budget B --trials N` (amp_cli.tune.tune) per model, then the build of
+    --time-budget B --trials N` (amp_cli.tuning.tune) per model, then the build of
     `amp convert ... --precision fp32 --tuning-db DIR/<model>`, timed. Rerunning with the same
     --tune-db resumes the tuning; --tune-budget 0 applies the records already there.
 
@@ -166,11 +166,12 @@ def run_ort(model, x, threads, warmup, repeat):
 
 def build_tvm(model, stock: bool, fast_math: bool = False):
     from amp_cli import tvm_compat
-    from amp_cli.schedule import cpu as sched
+    from amp_cli import hardware
+    from amp_cli.backends.cpu import pipeline as sched
 
     tvm = tvm_compat.tvm()
     mod = tvm_compat.from_onnx(model)
-    target = tvm.target.Target(sched.host_llvm_target())
+    target = tvm.target.Target(hardware.host_llvm_target())
     t0 = time.perf_counter()
     if stock:
         from tvm.relax.backend.cpu_generic import get_default_pipeline
@@ -206,18 +207,18 @@ def convert_config(precision: str, tuning_db: str | None = None):
 
 def build_amp(loaded, precision: str, workdir: str, tuning_db: str | None = None):
     """Build the way `amp convert MODEL --target llvm --precision P [--tuning-db DIR]` builds:
-    prepare_config (configs/cpu.yaml policy) -> convert_precision -> amp_cli.build.build (amp's
+    resolve_config (the shipped cpu policy) -> convert_precision -> amp_cli.compile.build (amp's
     Relax pipeline, tuned records applied first when DIR is given) -> model.so, loaded back.
     The accuracy check and report of `amp convert` are skipped (accuracy is measured here)."""
     from amp_cli import tvm_compat
-    from amp_cli.build import build
-    from amp_cli.convert import prepare_config
+    from amp_cli.compile import build
+    from amp_cli.precision import resolve_config
     from amp_cli.precision import convert_precision
     from amp_cli.target import resolve_target
 
     tvm = tvm_compat.tvm()
     target = resolve_target("llvm")
-    cfg = prepare_config(convert_config(precision, tuning_db), target)
+    cfg = resolve_config(convert_config(precision, tuning_db), target.kind)
     t0 = time.perf_counter()
     mod, _prec = convert_precision(loaded.mod, cfg.precision, loaded.node_types)
     os.makedirs(workdir, exist_ok=True)
@@ -233,11 +234,11 @@ def build_amp(loaded, precision: str, workdir: str, tuning_db: str | None = None
 def tune_amp(loaded, db_dir: str, budget_s: float, trials: int, strategy: str,
              cost_model: str, seed: int | None, label: str) -> dict:
     """Tune as `amp tune MODEL --target llvm --precision fp32 --db DIR --time-budget B
-    --trials N` does (amp_cli.tune.tune, in its sandboxed child). A rerun with the same DIR
+    --trials N` does (amp_cli.tuning.tune, in its sandboxed child). A rerun with the same DIR
     resumes: records already there count against --tune-trials and are not measured again."""
     import amp_cli.cli  # noqa: F401 - cli_tune is imported through cli (circular otherwise)
-    from amp_cli.cli_tune import summary_text
-    from amp_cli.tune import TuneConfig, tune
+    from amp_cli.cli.tune import summary_text
+    from amp_cli.tuning import TuneConfig, tune
 
     tcfg = TuneConfig(db_dir=db_dir, trials=trials, time_budget_s=budget_s, strategy=strategy,
                       cost_model=cost_model, seed=seed)
@@ -308,7 +309,7 @@ def main(argv=None) -> int:
     budget_s = None
     if args.tune_budget is not None:
         from amp_cli.errors import ConfigError
-        from amp_cli.tune import parse_duration
+        from amp_cli.tuning import parse_duration
 
         try:
             budget_s = parse_duration(args.tune_budget)
@@ -321,15 +322,15 @@ def main(argv=None) -> int:
 
     import amp_cli
     from amp_cli import tvm_compat
-    from amp_cli.schedule import cpu as sched
+    from amp_cli import hardware
 
     tvm = tvm_compat.tvm()
-    cores = sched.available_cores()
+    cores = hardware.available_cores()
     all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    threads = args.threads or sched.effective_num_threads(default_only=True)
+    threads = args.threads or hardware.effective_num_threads(default_only=True)
     # before the target is made (it records num-cores); TVM also pins this process to
     # `threads` cores, which ORT, run in the same process, then shares
-    sched.set_num_threads(threads)
+    hardware.set_num_threads(threads)
     rng = np.random.default_rng(0)
     cpu_model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                       if ln.startswith("model name")), platform.processor())
@@ -337,7 +338,7 @@ def main(argv=None) -> int:
 
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": cpu_model,
               "cores_available": cores, "os_cpu_count": os.cpu_count(),
-              "threads": threads, "tvm_threads": sched.effective_num_threads(),
+              "threads": threads, "tvm_threads": hardware.effective_num_threads(),
               "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__,
               "python": platform.python_version(), "loadavg_start": os.getloadavg(),
               "argv": sys.argv, "tune_budget_s_per_model": budget_s, "results": [],
@@ -394,7 +395,7 @@ def main(argv=None) -> int:
                                          args.tune_strategy, args.tune_cost_model,
                                          args.tune_seed, label))
                 finally:
-                    sched.set_num_threads(threads)
+                    hardware.set_num_threads(threads)
             else:
                 info["note"] = "no new trials (--tune-budget 0): records already in the DB"
             info["loadavg_after"] = os.getloadavg()

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="amp-cpu-suite-"))
     cfg = BenchConfig(warmup=args.warmup, repeat=args.repeat, compare=["fp32", "ort"],
                       threads=args.threads)
-    from amp_cli.schedule.cpu import effective_num_threads
+    from amp_cli.hardware import effective_num_threads
 
     out = {"suite": "cpu", "schema_version": 1, "cpu": cpu_model(), "cores": os.cpu_count(),
            "threads": args.threads or effective_num_threads(default_only=True),

@@ -2,7 +2,7 @@
 
 For each GEMM shape (BERT-large and ResNet-50 GEMMs at batch 8 by default) this builds
 ``C = cast(A @ B^T)`` (fp16 in, fp32 accumulate, fp16 out: the shape amp's conv-GEMMs and dense
-layers have) with every candidate of ``amp_cli.schedule.tc_gemm`` plus dlight's
+layers have) with every candidate of ``amp_cli.backends.cuda.kernels.tc_gemm`` plus dlight's
 ``MatmulTensorization``, checks each result against numpy fp32 (rel L2, random inputs), times it
 with the module's time_evaluator (CUDA events, median) and prints TFLOP/s per config and which
 config ``choose_config`` would pick. ``--compile-only`` builds and checks the CUDA source (cp.async
@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule import tc_gemm  # noqa: E402
+from amp_cli.backends.cuda.kernels import tc_gemm  # noqa: E402
 
 # (name, M, N, K): M = tokens or N*H*W pixels, N = output features, K = reduction
 DEFAULT_SHAPES = [
@@ -87,7 +87,7 @@ def split_gemm_func(m: int, n: int, k: int, factor: int, dtype: str = "float16")
 
 def build(sch_mod, target):
     tvm = tvm_compat.tvm()
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     mod = tvm.IRModule({"main": sch_mod})
     return tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))

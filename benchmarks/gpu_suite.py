@@ -150,15 +150,14 @@ def reference_outputs(onnx_path: Path, feeds: dict):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import numpy as np
     import onnx
 
     from amp_cli import tvm_compat
-    from amp_cli.accuracy import random_inputs
-    from amp_cli.bench import (BenchConfig, LatencyStats, RunnerResult, _accuracy,
-                               bench_library, profile_library, time_cuda, torch_callable,
-                               torch_outputs)
-    from amp_cli.load import InputSpec
+    from amp_cli.accuracy import compare_outputs, random_inputs
+    from amp_cli.bench import BenchConfig, LatencyStats, RunnerResult
+    from amp_cli.bench.runners import bench_library
+    from amp_cli.bench.timing import profile_library, time_cuda
+    from amp_cli.frontend import InputSpec
     from amp_cli.report import versions
     from benchmarks import models as bm
 
@@ -284,7 +283,7 @@ def main(argv=None) -> int:
                 res.skipped = "over --budget-s"
             else:
                 try:
-                    res.accuracy = _accuracy(refs[m.name], entry["outputs"], None)
+                    res.accuracy = compare_outputs(refs[m.name], entry["outputs"], None)
                     res.latency = LatencyStats.from_seconds(time_cuda(entry["call"], cfg),
                                                             m.batch, cfg.number)
                     log(f"timed {m.name} {name}: p50 {res.latency.p50_ms:.3f} ms")
@@ -310,7 +309,7 @@ def main(argv=None) -> int:
 
 def prepare_torch(suite, weights, feeds, specs, args, result, deadline) -> dict:
     """Build the torch runners and make their first call (torch.compile compiles then)."""
-    from amp_cli.bench import torch_callable, torch_outputs
+    from amp_cli.bench.timing import torch_callable, torch_outputs
 
     try:
         import torch
@@ -372,7 +371,9 @@ def _free_torch():
 
 
 def time_ort(onnx_path, feed, batch, cfg, ref):
-    from amp_cli.bench import LatencyStats, RunnerResult, _accuracy, _host_timed
+    from amp_cli.accuracy import compare_outputs
+    from amp_cli.bench import LatencyStats, RunnerResult
+    from amp_cli.bench.timing import host_timed
 
     import onnxruntime as ort
 
@@ -382,10 +383,10 @@ def time_ort(onnx_path, feed, batch, cfg, ref):
     try:
         sess = ort.InferenceSession(str(onnx_path), providers=[
             "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"])
-        res.accuracy = _accuracy(ref, sess.run(None, feed), None)
+        res.accuracy = compare_outputs(ref, sess.run(None, feed), None)
         small = type(cfg)(warmup=min(cfg.warmup, 3), repeat=min(cfg.repeat, 10)) if not cuda \
             else cfg
-        res.latency = LatencyStats.from_seconds(_host_timed(lambda: sess.run(None, feed), small),
+        res.latency = LatencyStats.from_seconds(host_timed(lambda: sess.run(None, feed), small),
                                                 batch, small.number)
     except Exception as exc:  # noqa: BLE001
         res.error = f"{type(exc).__name__}: {exc}"[:300]

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from amp_cli.schedule import hopper_gemm as hg
+    from amp_cli.backends.cuda.kernels import hopper_gemm as hg
     from benchmarks.gemm_sweep import build
     from benchmarks.small_gemm_bench import gemm_func  # D = cast(A @ B^T + bias)
 

@@ -12,7 +12,7 @@ For each task (an fp16 TE workload with odd sizes) this script
    parallel/vectorize/unroll rewrite, reduction-block rewrite, VerifyGPUCode). Candidates a
    postproc rejects are re-drawn by ReplayTrace itself and never reach a build;
 3. builds every candidate twice with ``tvm.compile(mod, target, tir_pipeline=...)``: stock
-   ``"default"`` and ``amp_cli.legalize.cuda_tir_pipeline(target, records)``;
+   ``"default"`` and ``amp_cli.backends.cuda.tir.cuda_tir_pipeline(target, records)``;
 4. classifies build failures by message: ``lanes`` (CUDA codegen cannot print the vector
    type: ``lanes % 2 == 0`` / ``Cannot convert type ... to CUDA type``) vs ``other``.
 
@@ -194,7 +194,7 @@ def build_one(mod, target, pipeline: str):
 
 
 def run_task(name: str, dtype: str, n: int, seed: int, arch: str, rules: str) -> dict:
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     target = cuda_target(arch)
     func, desc = TASKS[name](dtype)

@@ -60,10 +60,10 @@ def build_library(mod, precision: str, arch: str, out_path: str, cuda_graph: boo
 
     from amp_cli import tvm_compat
     from amp_cli.config import CudaConfig, PrecisionConfig
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
     from amp_cli.precision import convert_precision
-    from amp_cli.schedule.cuda import cuda_relax_pipeline
-    from amp_cli.schedule.hopper_gemm import build_target
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
+    from amp_cli.backends.cuda.kernels.hopper_gemm import build_target
 
     low, _ = convert_precision(mod, PrecisionConfig(precision=precision))
     # as amp's build: sm_90 becomes sm_90a when the Hopper GEMMs are on (the default)
@@ -83,7 +83,7 @@ def kernel_flops(func, out_shape) -> float:
     """2*K per output element for GEMM-like kernels, TVM's TIR FLOP estimate otherwise."""
     import tvm
 
-    from amp_cli.schedule.tensorcore import gemm_extents
+    from amp_cli.backends.cuda.rules.matmul import gemm_extents
 
     info = gemm_extents(func)
     if info is not None and info[2][2] is not None:

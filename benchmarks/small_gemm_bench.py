@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule import small_gemm  # noqa: E402
+from amp_cli.backends.cuda.kernels import small_gemm  # noqa: E402
 from benchmarks.gemm_sweep import build  # noqa: E402 - the same CUDA build as the GEMM sweep
 
 SHAPES = [  # (name, M, N, K, dtype)
@@ -55,7 +55,7 @@ def gemm_func(m, n, k, dtype):
 def schedules(m, n, k, dtype, sm):
     """(label, scheduled PrimFunc) for each config and for the rule amp used before."""
     tvm = tvm_compat.tvm()
-    from amp_cli.schedule.tensorcore import AmpMatmul
+    from amp_cli.backends.cuda.rules.matmul import AmpMatmul
 
     func = gemm_func(m, n, k, dtype)
     out = []

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     from amp_cli.convert import convert
     from amp_cli.models import tiny_bert
     from amp_cli.report import versions
-    from amp_cli.tune import TuneConfig, parse_duration, tune
+    from amp_cli.tuning import TuneConfig, parse_duration, tune
 
     work = tempfile.mkdtemp(prefix="amp-tune-gpu-")
     db = args.db or os.path.join(work, "db")
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                       cost_model=args.cost_model, trials_per_iter=args.trials_per_iter,
                       time_budget_s=parse_duration(args.time_budget))
     if args.no_tune:
-        from amp_cli.tune import read_summary
+        from amp_cli.compile.records import read_summary
 
         res = _summary_result(read_summary(db))
     else:

@@ -7,7 +7,7 @@ for each model,
 
   amp tune <model>.onnx --db WORK --target TARGET --trials N --time-budget T
 
-one after the other, and writes WORK back into --db compacted (amp_cli.tune.compact_database:
+one after the other, and writes WORK back into --db compacted (amp_cli.tuning.compact_database:
 the best record per kernel, ~1 MB instead of the search history's ~6 MB). Rerunning resumes
 from --db, so the records can be built up over several runs of a few minutes each. Apply them
 with `amp convert ... --tuning-db examples/tuned` or `benchmarks/gpu_suite.py --tuning-db
@@ -63,7 +63,8 @@ def main(argv=None) -> int:
 
     import onnx
 
-    from amp_cli.tune import WORKLOAD_FILE, compact_database
+    from amp_cli.compile.records import WORKLOAD_FILE
+    from amp_cli.tuning import compact_database
 
     suite = reference_models([n for n in args.models.split(",") if n], args.batch)
     db = Path(args.db)

@@ -31,7 +31,8 @@ def fp16_encoder_layer(tmp_path):
 
     import amp_cli
     from amp_cli import models
-    from amp_cli.precision import PrecisionConfig, convert_precision
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.precision import convert_precision
 
     b = models.GraphBuilder(seed=3)
     y = b.encoder_layer("x", batch=2, seq=64, hidden=128, heads=2, ffn=256)

@@ -19,11 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import amp_cli
 from amp_cli.accuracy import LibraryRunner, metrics, random_inputs
-from amp_cli.autoprecision import auto_precision, search_bound
+from amp_cli.precision.auto import auto_precision, search_bound
 from amp_cli.cli import main
 from amp_cli.config import ConvertConfig
-from amp_cli.convert import prepare_config
-from amp_cli.target import resolve_target
+from amp_cli.precision import resolve_config
 
 TOL = 1e-2
 
@@ -113,7 +112,7 @@ def _resolved(**auto):
     cfg.auto_precision.enabled = True
     for k, v in auto.items():
         setattr(cfg.auto_precision, k, v)
-    return prepare_config(cfg, resolve_target("llvm"))
+    return resolve_config(cfg, "llvm")
 
 
 def test_overflow_model_cli_convert(files, tmp_path):

@@ -1,4 +1,4 @@
-"""Parallel constant-weight GEMMs on one input become one (amp_cli.schedule.combine_gemm): which
+"""Parallel constant-weight GEMMs on one input become one (amp_cli.backends.cuda.rewrites.combine_gemm): which
 matmuls are combined, that values are kept (llvm, random inputs), and that a BERT layer's Q/K/V
 projections become one tensor-core GEMM in the sm_90 build."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 tvm = pytest.importorskip("tvm")
 pytest.importorskip("onnx")
 
-from amp_cli import models, tvm_compat  # noqa: E402
-from amp_cli.schedule.combine_gemm import combine_parallel_gemms  # noqa: E402
-from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
+from amp_cli import tvm_compat  # noqa: E402
+from amp_cli.backends.cuda.rewrites.combine_gemm import combine_parallel_gemms  # noqa: E402
+from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -95,7 +95,7 @@ def test_what_is_left_alone():
 
 
 def test_bert_layer_qkv_is_one_tensor_core_gemm_on_sm90(fp16_encoder_layer):
-    from amp_cli.build import relax_pipeline
+    from amp_cli.compile import relax_pipeline
     from amp_cli.config import CudaConfig
     from amp_cli.target import resolve_target
 
@@ -126,7 +126,8 @@ def test_torch_export_projections_are_combined(tmp_path):
     both fp16 with fp32 accumulation, on random inputs."""
     torch = pytest.importorskip("torch")
     import amp_cli
-    from amp_cli.precision import PrecisionConfig, convert_precision
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.precision import convert_precision
 
     class Projections(torch.nn.Module):
         def __init__(self):

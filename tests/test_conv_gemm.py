@@ -1,4 +1,4 @@
-"""Convolutions as GEMMs (amp_cli.schedule.conv_gemm) and amp's tensor-core rule.
+"""Convolutions as GEMMs (amp_cli.backends.cuda.rewrites.conv_gemm) and amp's tensor-core rule.
 
 (a) numerics on the CPU: the rewritten graph against the original conv2d, both built for llvm,
     on random non-zero inputs (odd channels, strides 1/2, kernels 1/3/5/7, padding, dilation);
@@ -16,8 +16,8 @@ tvm = pytest.importorskip("tvm")
 pytest.importorskip("onnx")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule.conv_gemm import conv_to_gemm, count_gemm_convs  # noqa: E402
-from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
+from amp_cli.backends.cuda.rewrites.conv_gemm import conv_to_gemm, count_gemm_convs  # noqa: E402
+from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -149,9 +149,9 @@ def resnet_like(tmp_path_factory):
 
 def _build_sm90(model, precision, failures=None, **pipeline_kw):
     from amp_cli.config import PrecisionConfig
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
     from amp_cli.precision import convert_precision
-    from amp_cli.schedule.cuda import cuda_relax_pipeline
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
 
     mod, _ = convert_precision(model.mod, PrecisionConfig(precision=precision))
     tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -182,9 +182,9 @@ def test_implicit_gemm_reads_the_image_with_predicated_cp_async(resnet_like):
     on tensor cores whose image loads are predicated cp.async copies (zero fill at the padding);
     only the RGB stem (C=3) keeps an im2col kernel."""
     from amp_cli.config import PrecisionConfig
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
     from amp_cli.precision import convert_precision
-    from amp_cli.schedule.cuda import cuda_relax_pipeline
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
 
     mod, _ = convert_precision(resnet_like.mod, PrecisionConfig(precision="fp16"))
     tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

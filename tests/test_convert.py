@@ -102,7 +102,7 @@ def test_cuda_codegen(model_files, name, precision, arch):
 
 
 def test_bf16_really_emits_bf16_cuda(model_files):
-    from amp_cli import build as build_mod
+    from amp_cli.compile import pipeline as build_mod
     from amp_cli import tvm_compat
     from amp_cli.precision import convert_precision
     from amp_cli.target import resolve_target
@@ -124,7 +124,7 @@ def test_bf16_really_emits_bf16_cuda(model_files):
 def test_cuda_config_switches_graphs_and_conv_gemm(model_files):
     """``cuda.cuda_graph`` / ``cuda.conv_as_gemm`` reach amp's CUDA Relax pipeline: on by
     default (a capture function, conv GEMM kernels), and each can be turned off alone."""
-    from amp_cli import build as build_mod
+    from amp_cli.compile import pipeline as build_mod
     from amp_cli.config import CudaConfig
     from amp_cli.precision import convert_precision
     from amp_cli.target import resolve_target

@@ -21,7 +21,7 @@ def cpu_bench():
 
 @pytest.mark.parametrize("precision,db", [("fp32", None), ("bf16", None), ("fp32", "tdb")])
 def test_convert_config_is_the_cli_one(cpu_bench, precision, db):
-    from amp_cli.cli import build_config
+    from amp_cli.cli.common import build_config
 
     cli = build_config("llvm", precision, None, None, (), None, (), (), tuning_db=db)
     assert cpu_bench.convert_config(precision, db).to_dict() == cli.to_dict()

@@ -41,10 +41,10 @@ def _conv_pool_model(rng):
 
 def test_bf16_conv_maxpool_builds_and_matches_ort():
     from amp_cli import tvm_compat
-    from amp_cli.build import relax_pipeline
+    from amp_cli.compile import relax_pipeline
     from amp_cli.config import PrecisionConfig
     from amp_cli.precision import convert_precision
-    from amp_cli.schedule import cpu as sched
+    from amp_cli.backends.cpu import pipeline as sched
     from amp_cli.target import resolve_target
 
     tvm = tvm_compat.tvm()

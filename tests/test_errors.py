@@ -303,7 +303,7 @@ NPZ_CASES = [("names", ("missing", "input", "found x")),
 def test_bad_npz_load_inputs(tiny_onnx, bad_npz, kind, fragments):
     from amp_cli.accuracy import load_inputs
     from amp_cli.errors import InputError
-    from amp_cli.load import InputSpec
+    from amp_cli.frontend import InputSpec
 
     with pytest.raises(InputError) as e:
         load_inputs(str(bad_npz(kind)), [InputSpec("input", [1, 3, 32, 32], "float32")])
@@ -517,7 +517,7 @@ def test_crash_while_tuning_keeps_records(tiny_onnx, tmp_path, clean_tmp):
     records written before it survive, readable."""
     import json
 
-    tune_mod = pytest.importorskip("amp_cli.tune")
+    tune_mod = pytest.importorskip("amp_cli.tuning")
     import amp_cli
     from amp_cli.errors import AmpError
 
@@ -537,9 +537,10 @@ def test_crash_while_tuning_keeps_records(tiny_onnx, tmp_path, clean_tmp):
     msg = str(e.value)
     assert "stage 'tune llvm" in msg and "crashed with SIGSEGV" in msg, msg
     assert str(db) in msg and "\n" not in msg
-    lines = (db / tune_mod.RECORD_FILE).read_text().splitlines()
+    from amp_cli.compile import records
+    lines = (db / records.RECORD_FILE).read_text().splitlines()
     assert lines and all(json.loads(ln) for ln in lines)
-    tune_mod.open_database(db)  # still a valid database
+    records.open_database(db)  # still a valid database
     # amp-cand-*: candidate libraries of the killed run (tune.py's builder workers); reported
     assert [f for f in amp_temp_files(clean_tmp) if not f.startswith("amp-cand-")] == []
 

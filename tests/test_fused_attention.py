@@ -1,4 +1,4 @@
-"""Fused attention (amp_cli.schedule.fused_attention + attention_kernel): which attention cores
+"""Fused attention (amp_cli.backends.cuda.rewrites.fused_attention + attention_kernel): which attention cores
 are fused and how their operands are addressed (CI), that the kernel compiles to tensor-core
 code for sm_80/sm_90 with the softmax free of barriers (CI, nvcc), and its values against a
 float64 reference on the GPU (gpu-marked) for several shapes and operand layouts."""
@@ -10,9 +10,9 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule import attention_kernel as ak  # noqa: E402
-from amp_cli.schedule.fused_attention import fuse_attention  # noqa: E402
-from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
+from amp_cli.backends.cuda.kernels import attention as ak  # noqa: E402
+from amp_cli.backends.cuda.rewrites.fused_attention import fuse_attention  # noqa: E402
+from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -61,8 +61,8 @@ def test_attention_core_becomes_one_call_reading_the_untransposed_inputs():
 
 
 def test_the_encoder_layer_fixture_is_fused(fp16_encoder_layer):
-    from amp_cli.schedule.combine_gemm import combine_parallel_gemms
-    from amp_cli.schedule.reshape_sink import sink_reshapes
+    from amp_cli.backends.cuda.rewrites.combine_gemm import combine_parallel_gemms
+    from amp_cli.backends.cuda.rewrites.reshape_sink import sink_reshapes
 
     new, fused, declined = fuse_attention(fp16_encoder_layer, 90)
     assert (fused, declined) == (1, {})
@@ -103,7 +103,7 @@ def test_shared_memory_bound_and_supported_shapes():
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch):
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     b, h, s, d = 2, 4, 128, 64
     func = ak.attention_func(b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
@@ -133,7 +133,7 @@ def _reference(q, k, v, scale):
                                             (2, 2, 256, 64, "bhsd"), (1, 4, 192, 32, "bshd"),
                                             (2, 4, 128, 32, "bhsd")])
 def test_kernel_matches_float64_on_gpu(b, h, s, d, layout):
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     dev = tvm.cuda(0)
     arch = "sm_" + dev.compute_version.replace(".", "")

@@ -9,7 +9,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule import hopper_gemm as hg  # noqa: E402
+from amp_cli.backends.cuda.kernels import hopper_gemm as hg  # noqa: E402
 from test_tc_gemm import build, gemm  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def test_matmul_nt_keeps_hopper_gemms_whole():
     the Hopper kernel (128 CTAs of 128 x 64 already fill the GPU)."""
     from tvm.script import relax as R
 
-    from amp_cli.schedule.matmul_nt import matmul_to_nt
+    from amp_cli.backends.cuda.rewrites.matmul_nt import matmul_to_nt
 
     w = np.random.default_rng(0).standard_normal((4096, 1024)).astype("float16")
 
@@ -215,7 +215,7 @@ def test_bf16_matches_float64():
 def test_on_by_default_for_sm90_only():
     """cuda.hopper_gemm is on by default: sm_90 builds compile for sm_90a and take the Hopper
     GEMMs; switched off they stay sm_90; other archs are left alone either way."""
-    from amp_cli.build import compile_target
+    from amp_cli.compile import compile_target
     from amp_cli.config import CudaConfig
     from amp_cli.target import resolve_target
 

@@ -10,7 +10,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule import injective  # noqa: E402
+from amp_cli.backends.cuda.rules import injective  # noqa: E402
 from test_tc_gemm import _run, build  # noqa: E402
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -65,8 +65,8 @@ def test_declines_small_reductions_and_non_cuda():
 def test_stem_im2col_in_amps_pipeline(on):
     """A ResNet-style 7x7/2 stem on fp32 NCHW input: its fused cast + transpose + im2col kernel
     takes the rule (cuda.unroll_injective), or dlight's Fallback with 1024 threads when off."""
-    from amp_cli.legalize import cuda_tir_pipeline
-    from amp_cli.schedule.cuda import cuda_relax_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
 
     relax = tvm_compat.relax()
     w = np.random.default_rng(0).standard_normal((64, 3, 7, 7)).astype("float16")

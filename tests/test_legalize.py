@@ -10,9 +10,9 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.legalize import (LEGAL_LANES, LegalizeRecord, cuda_tir_pipeline,  # noqa: E402
+from amp_cli.backends.cuda.tir import (LEGAL_LANES, LegalizeRecord, cuda_tir_pipeline,  # noqa: E402
                               lane_legal, lane_printable)
-from amp_cli.legalize.lane_kernels import EXTRA_KINDS, KINDS, make_inputs, make_kernel  # noqa: E402
+from fixtures.lane_kernels import EXTRA_KINDS, KINDS, make_inputs, make_kernel  # noqa: E402
 
 ARCHS = ("sm_80", "sm_90")
 DTYPES = ("float16", "bfloat16")

@@ -1,4 +1,4 @@
-"""Matmuls in NT form (amp_cli.schedule.matmul_nt): what is rewritten, that values are kept, and
+"""Matmuls in NT form (amp_cli.backends.cuda.rewrites.matmul_nt): what is rewritten, that values are kept, and
 that every GEMM of a BERT layer then gets amp's cp.async tensor-core schedule (CUDA codegen, no
 GPU needed)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from amp_cli import models, tvm_compat  # noqa: E402
-from amp_cli.schedule.matmul_nt import matmul_to_nt  # noqa: E402
+from amp_cli import tvm_compat  # noqa: E402
+from amp_cli.backends.cuda.rewrites.matmul_nt import matmul_to_nt  # noqa: E402
 
 
 def _attention_module(dtype="float16", b=2, s=32, h=2, d=16):
@@ -70,7 +70,7 @@ def test_bert_layer_gemms_all_get_amp_tensor_core_schedule(fp16_encoder_layer):
     """Every GEMM of an encoder layer (QKV/out/FFN projections with [K, N] weights, q@k^T, p@v)
     reads K-contiguous operands after the rewrite, so each one gets tc_gemm's cp.async pipeline
     (before it, the weights' copies were strided and TVM's cp.async injection corrupted them)."""
-    from amp_cli.build import relax_pipeline
+    from amp_cli.compile import relax_pipeline
     from amp_cli.config import CudaConfig
     from amp_cli.target import resolve_target
 
@@ -111,7 +111,7 @@ def _linear_module(m=96, k=512, n=48, seed=0, arrays=None):
 
 
 def test_split_k_factor_heuristic():
-    from amp_cli.schedule.tc_gemm import split_k_factor
+    from amp_cli.backends.cuda.kernels.tc_gemm import split_k_factor
 
     assert split_k_factor(1, 1024, 1024, 4096, 90) == 2   # BERT-large FFN down: 64 -> 128 CTAs
     assert split_k_factor(1, 1024, 1024, 1024, 90) == 1   # K/2 = 512: partials cost more
@@ -124,7 +124,7 @@ def test_split_k_factor_heuristic():
 def test_split_k_keeps_values(monkeypatch, factor):
     """K split into 2 or 4 partial sums (fp32) added up: equal to the unsplit GEMM to fp32
     rounding (rel 1e-5), on random inputs."""
-    from amp_cli.schedule import tc_gemm
+    from amp_cli.backends.cuda.kernels import tc_gemm
 
     monkeypatch.setattr(tc_gemm, "split_k_factor", lambda *a: factor)
     mod = _linear_module()
@@ -143,8 +143,8 @@ def test_split_k_keeps_values(monkeypatch, factor):
 def test_split_k_gemm_is_a_tensor_core_kernel_with_the_epilogue_in_the_sum():
     """sm_90: BERT-large's FFN-down shape (1024 x 1024, K=4096) splits in two; the partial GEMM
     gets amp's cp.async wmma schedule and the cast/bias epilogue fuses into the sum kernel."""
-    from amp_cli.legalize import cuda_tir_pipeline
-    from amp_cli.schedule.cuda import cuda_relax_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
 
     mod = _linear_module(m=1024, k=4096, n=1024)
     tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -168,8 +168,8 @@ def test_split_k_gemm_is_a_tensor_core_kernel_with_the_epilogue_in_the_sum():
 def test_split_k_on_gpu_matches_fp32_reference():
     """The split FFN-down GEMM (1024 x 1024, K=4096, S=2) on the GPU against numpy fp32 of the
     same fp16 inputs: rel L2 below 2e-3 (fp16 output rounding alone is ~3e-4)."""
-    from amp_cli.legalize import cuda_tir_pipeline
-    from amp_cli.schedule.cuda import cuda_relax_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
 
     relax = tvm_compat.relax()
     arrays = {}

@@ -1,4 +1,4 @@
-"""Layer norm + fp16/bf16 cast as one kernel (amp_cli.schedule.norm_cast): which pairs are fused
+"""Layer norm + fp16/bf16 cast as one kernel (amp_cli.backends.cuda.rewrites.norm_cast): which pairs are fused
 and which are left alone (CI), that the cast kernel disappears from a BERT layer and the layer
 still builds for sm_90 with the kernel's vector loads and stores (CI, nvcc), the kernel's values
 before GPU scheduling on llvm and the layer's values with it (CI), and the scheduled kernel's
@@ -11,8 +11,8 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule import norm_cast as nc  # noqa: E402
-from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
+from amp_cli.backends.cuda.rewrites import norm_cast as nc  # noqa: E402
+from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 F32 = "float32"
@@ -115,7 +115,7 @@ def _cast_only(name, mod) -> bool:
 def _sunk(mod):
     """``mod`` after reshape_sink, which runs before this pass in amp's pipeline (the importer
     puts a flattening reshape between the layer norm and its cast)."""
-    from amp_cli.schedule.reshape_sink import sink_reshapes
+    from amp_cli.backends.cuda.rewrites.reshape_sink import sink_reshapes
 
     return sink_reshapes(mod)[0]
 
@@ -195,7 +195,7 @@ def test_kernel_values_on_llvm(shape, in_dtype):
 
 
 def _kernel_source(shape, in_dtype=F32, low="float16", arch="sm_90"):
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     func = nc.norm_cast_func(shape, 1e-12, in_dtype, low)
@@ -219,7 +219,7 @@ def test_kernel_compiles_to_vector_loads_and_stores(shape, in_dtype, low, thread
 
 
 def test_encoder_layer_builds_for_sm90(fp16_encoder_layer):
-    from amp_cli.build import relax_pipeline, tir_pipeline
+    from amp_cli.compile import relax_pipeline, tir_pipeline
     from amp_cli.config import CudaConfig
     from amp_cli.target import resolve_target
 

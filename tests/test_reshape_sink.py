@@ -1,4 +1,4 @@
-"""Flattening reshapes moved past GEMMs and their epilogues (amp_cli.schedule.reshape_sink): the
+"""Flattening reshapes moved past GEMMs and their epilogues (amp_cli.backends.cuda.rewrites.reshape_sink): the
 values stay the same (llvm, random inputs), and in the sm_90 build a BERT layer's residual adds
 and GELU fuse into their GEMMs instead of running as separate kernels."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ tvm = pytest.importorskip("tvm")
 pytest.importorskip("onnx")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule.reshape_sink import sink_reshapes  # noqa: E402
-from amp_cli.schedule.rewrite import calls, op_name  # noqa: E402
+from amp_cli.backends.cuda.rewrites.reshape_sink import sink_reshapes  # noqa: E402
+from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 
 relax = tvm.relax
 
@@ -57,7 +57,7 @@ def test_what_is_left_alone():
 
 
 def test_bert_layer_epilogues_fuse_into_gemms_on_sm90(fp16_encoder_layer):
-    from amp_cli.build import relax_pipeline
+    from amp_cli.compile import relax_pipeline
     from amp_cli.config import CudaConfig
     from amp_cli.target import resolve_target
 

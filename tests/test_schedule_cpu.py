@@ -120,11 +120,12 @@ CASES = {
 
 def _build(onnx_model):
     from amp_cli import tvm_compat
-    from amp_cli.schedule import cpu as sched
+    from amp_cli import hardware
+    from amp_cli.backends.cpu import pipeline as sched
 
     tvm = tvm_compat.tvm()
     mod = tvm_compat.from_onnx(onnx_model)
-    target = tvm.target.Target(sched.host_llvm_target())
+    target = tvm.target.Target(hardware.host_llvm_target())
     pipeline = sched.cpu_relax_pipeline(target)
     # the scheduled TIR, for structural checks (same passes, stopped before lowering)
     ex = tvm_compat.compile_relax(mod, target, pipeline)
@@ -134,7 +135,7 @@ def _build(onnx_model):
 
 def _scheduled_tir(onnx_model, target):
     from amp_cli import tvm_compat
-    from amp_cli.schedule import cpu as sched
+    from amp_cli.backends.cpu import pipeline as sched
 
     tvm = tvm_compat.tvm()
     relax = tvm.relax
@@ -192,14 +193,14 @@ def test_cpu_schedule_matches_ort(case):
 
 
 def test_thread_helpers():
-    from amp_cli.schedule import cpu as sched
+    from amp_cli import hardware
 
-    n = sched.effective_num_threads()
+    n = hardware.effective_num_threads()
     assert n >= 1
-    assert sched.set_num_threads(1) == 1
-    assert sched.effective_num_threads() == 1
+    assert hardware.set_num_threads(1) == 1
+    assert hardware.effective_num_threads() == 1
     assert os.environ["TVM_NUM_THREADS"] == "1"
-    sched.set_num_threads(n)
-    spec = sched.host_llvm_target()
+    hardware.set_num_threads(n)
+    spec = hardware.host_llvm_target()
     assert spec["kind"] == "llvm" and spec["num-cores"] >= 1
-    assert sched.host_llvm_target("skylake-avx512")["mcpu"] == "skylake-avx512"
+    assert hardware.host_llvm_target("skylake-avx512")["mcpu"] == "skylake-avx512"

@@ -8,8 +8,9 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.schedule import small_gemm  # noqa: E402
-from amp_cli.schedule.tensorcore import AmpMatmul, gemm_shape  # noqa: E402
+from amp_cli.backends.cuda.kernels import small_gemm  # noqa: E402
+from amp_cli.backends.cuda.rules.matmul import AmpMatmul
+from amp_cli.backends.cuda.kernels.analysis import gemm_shape  # noqa: E402
 from test_tc_gemm import _run, build, gemm  # noqa: E402
 
 SM90 = {"kind": "cuda", "arch": "sm_90"}
@@ -128,7 +129,7 @@ def _classifier(arrays=None):
 
 
 def _lower(mod, arch, **switches):
-    from amp_cli.schedule.cuda import cuda_relax_pipeline
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
 
     tgt = tvm.target.Target({"kind": "cuda", "arch": arch})
     with tgt:
@@ -139,7 +140,7 @@ def _lower(mod, arch, **switches):
 def test_classifier_head_gets_the_rule_in_amps_pipeline(on):
     """matmul_nt makes the weight [N, K], so the lanes' K vectors are contiguous; the head's
     kernel (bias and cast fused) then reduces with shuffles. cuda.small_gemm off: dlight's."""
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     tgt, lowered = _lower(_classifier(), "sm_90", small_gemm=on)
     ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
@@ -152,7 +153,7 @@ def test_classifier_head_gets_the_rule_in_amps_pipeline(on):
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
 def test_classifier_head_on_gpu_matches_float64_reference():
     """The whole head through amp's pipeline on the GPU: rel L2 vs float64 below 2e-3."""
-    from amp_cli.legalize import cuda_tir_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     relax = tvm_compat.relax()
     arrays = {}

@@ -8,9 +8,10 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.legalize import cuda_tir_pipeline  # noqa: E402
-from amp_cli.schedule import tc_gemm  # noqa: E402
-from amp_cli.schedule.tensorcore import AmpMatmul, gemm_shape  # noqa: E402
+from amp_cli.backends.cuda.tir import cuda_tir_pipeline  # noqa: E402
+from amp_cli.backends.cuda.kernels import tc_gemm  # noqa: E402
+from amp_cli.backends.cuda.rules.matmul import AmpMatmul
+from amp_cli.backends.cuda.kernels.analysis import gemm_shape  # noqa: E402
 
 
 def gemm(m, n, k, dtype="float16", acc="float32", bias=False, relu=False, batch=None,
@@ -173,11 +174,11 @@ def test_implicit_conv_gemm_loads_with_predicated_cp_async(channels, copy):
 
     from tvm import te, tirx
 
-    from amp_cli.schedule.conv_gemm import _implicit_gemm
+    from amp_cli.backends.cuda.rewrites.conv_gemm import implicit_gemm_te
 
     x = te.placeholder((2, 10, 10, channels), "float16", name="x")
     w = te.placeholder((64, 9 * channels), "float16", name="w")
-    y = _implicit_gemm(te, tirx, x, w, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), (10, 10), "float32")
+    y = implicit_gemm_te(te, tirx, x, w, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), (10, 10), "float32")
     func = te.create_prim_func([x, w, y])
     _, _, batch, sizes = gemm_shape(func)
     sch = tc_gemm.schedule_gemm(func, "float16", "float32", batch, sizes, 90)

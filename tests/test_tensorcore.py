@@ -14,7 +14,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.legalize import cuda_tir_pipeline  # noqa: E402
+from amp_cli.backends.cuda.tir import cuda_tir_pipeline  # noqa: E402
 
 
 # --------------------------------------------------------------------------- (a) the pin

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from amp_cli.cli import main
-from amp_cli.tune import RECORD_FILE, SUMMARY_FILE, WORKLOAD_FILE, compact_database, \
-    parse_duration, repair_database
+from amp_cli.compile.records import RECORD_FILE, SUMMARY_FILE, WORKLOAD_FILE, repair_database
+from amp_cli.tuning import compact_database, parse_duration
 
 FAST = ["--target", "llvm", "--trials-per-iter", "3", "--workers", "2", "--cost-model",
         "random", "--seed", "0"]
@@ -271,7 +271,7 @@ def test_database_with_tensor_core_records_opens_in_a_fresh_process(tmp_path):
     from tvm import te
 
     from amp_cli import tvm_compat
-    from amp_cli.schedule import tc_gemm
+    from amp_cli.backends.cuda.kernels import tc_gemm
 
     a = te.placeholder((256, 256), "float16", name="A")
     b = te.placeholder((256, 256), "float16", name="B")
@@ -286,7 +286,7 @@ def test_database_with_tensor_core_records_opens_in_a_fresh_process(tmp_path):
     db = ms.database.JSONDatabase(work_dir=str(tmp_path), allow_missing=True)
     wl = db.commit_workload(tvm.IRModule({"main": func}))
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, [1e-5], target, None))
-    code = ("import sys; from amp_cli.tune import open_database; "
+    code = ("import sys; from amp_cli.compile.records import open_database; "
             "print('records', len(open_database(sys.argv[1])))")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                           text=True, timeout=300, cwd=str(Path(__file__).parent.parent))
@@ -301,7 +301,7 @@ def test_prescheduled_kernels_are_not_tuning_tasks():
     from tvm import relax, te
     from tvm.s_tir import meta_schedule as ms
 
-    from amp_cli.tune import tunable_tasks
+    from amp_cli.tuning.tasks import tunable_tasks
 
     a = te.placeholder((64, 64), name="a")
 
@@ -333,10 +333,10 @@ def test_hopper_gemms_are_not_tuning_tasks(tmp_path, hopper):
     from tvm.s_tir import meta_schedule as ms
 
     from amp_cli.config import ConvertConfig, CudaConfig
-    from amp_cli.legalize.pipeline import TIRX_ATTR
-    from amp_cli.load import load
+    from amp_cli.ir_attrs import TIRX_KERNEL as TIRX_ATTR
+    from amp_cli.frontend import load
     from amp_cli.target import resolve_target
-    from amp_cli.tune import fused_module, tunable_tasks, tuning_target
+    from amp_cli.tuning.tasks import fused_module, tunable_tasks, tuning_target
 
     model = load(_tiny_onnx(tmp_path / "gemm.onnx", n=256, k=512, m=256))
     cfg = ConvertConfig(target="cuda:sm_90", cuda=CudaConfig(hopper_gemm=hopper))
@@ -359,8 +359,8 @@ def test_progress_callback_unpickles_in_a_fresh_interpreter():
     H200 died before tuning."""
     import pickle
 
-    from amp_cli.cli_tune import tune  # noqa: F401 - the CLI as the parent has it loaded
-    from amp_cli.tune_bar import TuneBar
+    from amp_cli.cli.tune import tune  # noqa: F401 - the CLI as the parent has it loaded
+    from amp_cli.cli.progress import TuneBar
 
     bar = TuneBar()
     try:
@@ -375,7 +375,8 @@ def test_progress_callback_unpickles_in_a_fresh_interpreter():
 
 
 def test_search_order_puts_the_largest_share_of_default_time_first():
-    from amp_cli.tune import TaskResult, search_order
+    from amp_cli.tuning import TaskResult
+    from amp_cli.tuning.tasks import search_order
 
     tasks = [TaskResult(task="cast", workload="a", weight=1, default_us=4.0),
              TaskResult(task="conv_x5", workload="b", weight=5, default_us=17.0),  # 85 us
@@ -387,7 +388,8 @@ def test_search_order_puts_the_largest_share_of_default_time_first():
 
 
 def test_evolutionary_population_follows_trials_per_iter():
-    from amp_cli.tune import TuneConfig, search_strategy
+    from amp_cli.tuning import TuneConfig
+    from amp_cli.tuning.search import search_strategy
 
     s = search_strategy("evolutionary", TuneConfig(db_dir="db"))
     assert (s.population_size, s.init_min_unmeasured) == (128, 50)  # 8 x 16, not TVM's 512

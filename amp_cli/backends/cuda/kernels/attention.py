@@ -1,0 +1,221 @@
+"""amp's fused attention kernel for CUDA: softmax(Q K^T * scale) V in one launch (wmma).
+
+Without it a transformer layer's attention is three kernels and two round trips of the score
+tensor through global memory: the batched QK^T GEMM, a memory-bound softmax (its fp32 scores are
+read and written again, 22 us per bert-large layer on the H200, more than both GEMMs together)
+and the PV GEMM. Here one CTA takes one (batch, head, 64-query block):
+
+1. Q's 64 rows and all of K and V for that head go global -> shared (16-byte vector loads);
+2. each of the 4 warps computes its 16 score rows ``Q_w K^T`` on tensor cores (wmma 16x16x16,
+   fp32 accumulators) into shared memory;
+3. softmax per row in fp32, two lanes per row (max, exp, sum), written as fp16 probabilities;
+4. ``P_w V`` on tensor cores, fp32 accumulators staged in shared memory, stored as fp16.
+
+The whole score row stays on chip (half a row per lane in registers), so the kernel serves
+sequences up to MAX_SEQ = 256 whose buffers fit the GPU's shared memory (``shared_bytes``, an upper
+bound: 113 KiB for S=128, D=64; 197 KiB for S=256, which fits sm_90 but not sm_80); longer sequences keep the unfused path. The score accumulation and the softmax are fp32 end to end, which is at least as
+accurate as the unfused fp16 path (its scores are rounded to fp16 before the softmax).
+
+Operands are addressed through strides, so Q/K/V may be the [B, S, H, D] views a transformer
+writes before its head-split transposes (no transpose kernels) or [B, H, S, D] tensors; the
+head dimension must be innermost (16-byte vector loads).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .... import tvm_compat
+from .... import ir_attrs
+
+FRAG = 16
+WARPS = 4
+BLOCK_Q = FRAG * WARPS   # query rows per CTA (16 per warp)
+VEC = 8                  # fp16 lanes per 16-byte vector
+PAD_H = 8                # fp16 row padding in shared memory (bank spread, keeps 16-byte rows)
+PAD_F = 4                # fp32 row padding
+MAX_SEQ = 256            # each lane holds half a score row in registers (128 floats at most)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How the kernel addresses a [B, H, S, D] operand inside its tensor: ``shape`` of the
+    tensor, the element strides of b, h, s (d's stride is 1) and the offset of [0, 0, 0, 0]."""
+    shape: tuple
+    strides: tuple   # (stride_b, stride_h, stride_s)
+    offset: int = 0
+
+
+def bhsd(b: int, h: int, s: int, d: int) -> Operand:
+    return Operand((b, h, s, d), (h * s * d, s * d, d))
+
+
+def bshd(b: int, h: int, s: int, d: int) -> Operand:
+    return Operand((b, s, h, d), (s * h * d, d, h * d))
+
+
+def packed(b: int, h: int, s: int, d: int, width: int, offset: int) -> Operand:
+    """A [B, S, H*D] slice starting at column ``offset`` of a [B, S, width] tensor (one of Q, K, V
+    inside a combined QKV projection's output)."""
+    return Operand((b, s, width), (s * width, d, width), offset)
+
+
+def shared_bytes(seq: int, head_dim: int) -> int:
+    """Shared memory one CTA needs (Q, K, V, scores, probabilities, output staging, partials)."""
+    ld_h, ld_s, ld_p, ld_o = head_dim + PAD_H, seq + PAD_F, seq + PAD_H, head_dim + PAD_F
+    return (2 * (BLOCK_Q * ld_h + 2 * seq * ld_h + BLOCK_Q * ld_p)
+            + 4 * (BLOCK_Q * ld_s + BLOCK_Q * ld_o + 2 * 32 * WARPS))
+
+
+def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
+    """None when the kernel handles this shape, else why not (one phrase)."""
+    if seq > MAX_SEQ:
+        return f"sequence length {seq} is over {MAX_SEQ}"
+    if seq % BLOCK_Q:
+        return f"sequence length {seq} is not a multiple of {BLOCK_Q}"
+    if head_dim % FRAG:
+        return f"head dim {head_dim} is not a multiple of {FRAG}"
+    if shared_bytes(seq, head_dim) > smem_limit_kib * 1024:
+        return (f"{shared_bytes(seq, head_dim) // 1024} KiB of shared memory for S={seq}, "
+                f"D={head_dim} exceeds the GPU's {smem_limit_kib} KiB")
+    return None
+
+
+def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
+                   q: Operand, k: Operand, v: Operand, out: Operand):
+    """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, fp16 in and
+    out, fp32 inside. Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
+    tvm_compat.tvm()  # a clear error when TVM is missing
+    T = tvm_compat.tvmscript_tir()
+
+    B, H, S, D = batch, heads, seq, head_dim
+    LDH, LDS, LDP, LDO = D + PAD_H, S + PAD_F, S + PAD_H, D + PAD_F
+    NQB = S // BLOCK_Q
+    DF, SF = D // FRAG, S // FRAG
+    THREADS = WARPS * 32
+    HALF = S // 2                     # score columns per lane (two lanes per row)
+    CHUNK = 8 if SF % 8 == 0 else 4   # score fragments accumulated before a store
+    q_vecs, kv_vecs, o_vecs = BLOCK_Q * D // VEC, S * D // VEC, BLOCK_Q * D // VEC
+    scale = float(scale)
+
+    (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
+        q.strides, k.strides, v.strides, out.strides)
+    q_off, k_off, v_off, o_off = q.offset, k.offset, v.offset, out.offset
+    NQ, NK, NV, NO = (math.prod(x.shape) for x in (q, k, v, out))
+
+    @T.macro
+    def load_rows(dst, src, base, row_stride, vecs, tid):
+        """Rows of D fp16 from ``src[base + row * row_stride + d]`` into ``dst[row * LDH + d]``,
+        one 16-byte vector per thread and step."""
+        for it in T.serial((vecs + THREADS - 1) // THREADS):
+            if it * THREADS + tid < vecs:
+                for l in T.vectorized(VEC):
+                    dst[(it * THREADS + tid) // (D // VEC) * LDH
+                        + (it * THREADS + tid) % (D // VEC) * VEC + l] = src[
+                        base + (it * THREADS + tid) // (D // VEC) * row_stride
+                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
+
+    @T.prim_func(private=True, s_tir=True)
+    def attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
+                  v_in: T.Buffer(v.shape, "float16"), o_out: T.Buffer(out.shape, "float16")):
+        T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
+                     ir_attrs.KERNEL_NAME: "attention"})
+        qf = T.decl_buffer((NQ,), "float16", data=q_in.data)
+        kf = T.decl_buffer((NK,), "float16", data=k_in.data)
+        vf = T.decl_buffer((NV,), "float16", data=v_in.data)
+        of = T.decl_buffer((NO,), "float16", data=o_out.data)
+        bx = T.launch_thread("blockIdx.x", B * H * NQB)
+        ty = T.launch_thread("threadIdx.y", WARPS)
+        tx = T.launch_thread("threadIdx.x", 32)
+        q_sh = T.decl_buffer((BLOCK_Q * LDH,), "float16", scope="shared.dyn")
+        k_sh = T.decl_buffer((S * LDH,), "float16", scope="shared.dyn")
+        v_sh = T.decl_buffer((S * LDH,), "float16", scope="shared.dyn")
+        s_sh = T.decl_buffer((BLOCK_Q * LDS,), "float32", scope="shared.dyn")
+        p_sh = T.decl_buffer((BLOCK_Q * LDP,), "float16", scope="shared.dyn")
+        o_sh = T.decl_buffer((BLOCK_Q * LDO,), "float32", scope="shared.dyn")
+        red = T.decl_buffer((2 * THREADS,), "float32", scope="shared.dyn")
+        a_frag = T.decl_buffer((DF * 256,), "float16", scope="wmma.matrix_a")
+        b_frag = T.decl_buffer((256,), "float16", scope="wmma.matrix_b")
+        c_frag = T.decl_buffer((CHUNK * 256,), "float32", scope="wmma.accumulator")
+        p_frag = T.decl_buffer((256,), "float16", scope="wmma.matrix_a")
+        v_frag = T.decl_buffer((256,), "float16", scope="wmma.matrix_b")
+        o_frag = T.decl_buffer((DF * 256,), "float32", scope="wmma.accumulator")
+        row = T.decl_buffer((HALF,), "float32", scope="local")
+        row_max = T.decl_buffer((1,), "float32", scope="local")
+        row_sum = T.decl_buffer((1,), "float32", scope="local")
+        b = bx // (H * NQB)
+        h = bx // NQB % H
+        q0 = bx % NQB * BLOCK_Q
+        tid = ty * 32 + tx
+        # 1. global -> shared (16-byte vectors along D)
+        load_rows(q_sh, qf, q_off + b * qb + h * qh + q0 * qs, qs, q_vecs, tid)
+        load_rows(k_sh, kf, k_off + b * kb + h * kh, ks, kv_vecs, tid)
+        load_rows(v_sh, vf, v_off + b * vb + h * vh, vs, kv_vecs, tid)
+        T.tvm_storage_sync("shared")
+        # 2. scores of this warp's 16 rows: Q_w K^T on tensor cores, fp32 into shared; up to
+        # CHUNK fragments accumulate before they are stored, so the loop only reads shared
+        for kk in T.serial(DF):
+            T.tvm_load_matrix_sync(a_frag.data, 16, 16, 16, kk, T.tvm_access_ptr(
+                T.type_annotation("float16"), q_sh.data, ty * FRAG * LDH + kk * FRAG,
+                FRAG * LDH, 1), LDH, "row_major")
+        for jo in T.serial(SF // CHUNK):
+            for j in T.serial(CHUNK):
+                T.tvm_fill_fragment(c_frag.data, 16, 16, 16, j, T.float32(0))
+                for kk in T.serial(DF):
+                    T.tvm_load_matrix_sync(b_frag.data, 16, 16, 16, 0, T.tvm_access_ptr(
+                        T.type_annotation("float16"), k_sh.data,
+                        (jo * CHUNK + j) * FRAG * LDH + kk * FRAG, FRAG * LDH, 1), LDH,
+                        "col_major")
+                    T.tvm_mma_sync(c_frag.data, j, a_frag.data, kk, b_frag.data, 0,
+                                   c_frag.data, j)
+            for j in T.serial(CHUNK):
+                T.tvm_store_matrix_sync(c_frag.data, 16, 16, 16, j, T.tvm_access_ptr(
+                    T.type_annotation("float32"), s_sh.data,
+                    ty * FRAG * LDS + (jo * CHUNK + j) * FRAG, FRAG * LDS, 2), LDS, "row_major")
+        T.tvm_storage_sync("shared")
+        # 3. softmax: lane pair (2r, 2r+1) of warp w owns row 16w + r, half a row each, held in
+        # registers; P = exp(s - max) unnormalized (<= 1, fp16), 1/sum applied to the output
+        for c in T.unroll(HALF):
+            row[c] = s_sh[(ty * FRAG + tx // 2) * LDS + tx % 2 * HALF + c] * T.float32(scale)
+        row_max[0] = T.float32(-3.0e38)
+        for c in T.unroll(HALF):
+            row_max[0] = T.max(row_max[0], row[c])
+        red[tid] = row_max[0]
+        T.tvm_storage_sync("shared")
+        row_max[0] = T.max(red[tid], red[tid // 2 * 2 + 1 - tid % 2])
+        row_sum[0] = T.float32(0)
+        for c in T.unroll(HALF):
+            row[c] = T.exp(row[c] - row_max[0])
+            row_sum[0] = row_sum[0] + row[c]
+        for c in T.unroll(HALF):
+            p_sh[(ty * FRAG + tx // 2) * LDP + tx % 2 * HALF + c] = T.Cast("float16", row[c])
+        red[THREADS + tid] = row_sum[0]
+        T.tvm_storage_sync("shared")
+        # 4. out_w = P_w V on tensor cores
+        for n in T.serial(DF):
+            T.tvm_fill_fragment(o_frag.data, 16, 16, 16, n, T.float32(0))
+        for kk in T.serial(SF):
+            T.tvm_load_matrix_sync(p_frag.data, 16, 16, 16, 0, T.tvm_access_ptr(
+                T.type_annotation("float16"), p_sh.data, ty * FRAG * LDP + kk * FRAG,
+                FRAG * LDP, 1), LDP, "row_major")
+            for n in T.serial(DF):
+                T.tvm_load_matrix_sync(v_frag.data, 16, 16, 16, 0, T.tvm_access_ptr(
+                    T.type_annotation("float16"), v_sh.data, kk * FRAG * LDH + n * FRAG,
+                    FRAG * LDH, 1), LDH, "row_major")
+                T.tvm_mma_sync(o_frag.data, n, p_frag.data, 0, v_frag.data, 0, o_frag.data, n)
+        for n in T.serial(DF):
+            T.tvm_store_matrix_sync(o_frag.data, 16, 16, 16, n, T.tvm_access_ptr(
+                T.type_annotation("float32"), o_sh.data, ty * FRAG * LDO + n * FRAG,
+                FRAG * LDO, 2), LDO, "row_major")
+        T.tvm_storage_sync("shared")
+        for it in T.serial((o_vecs + THREADS - 1) // THREADS):
+            if it * THREADS + tid < o_vecs:
+                for l in T.vectorized(VEC):
+                    of[o_off + b * ob + h * oh + (q0 + (it * THREADS + tid) // (D // VEC)) * os_
+                       + (it * THREADS + tid) % (D // VEC) * VEC + l] = T.Cast(
+                        "float16", o_sh[(it * THREADS + tid) // (D // VEC) * LDO
+                                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
+                        / (red[THREADS + (it * THREADS + tid) // (D // VEC) * 2]
+                           + red[THREADS + (it * THREADS + tid) // (D // VEC) * 2 + 1]))
+
+    return attention

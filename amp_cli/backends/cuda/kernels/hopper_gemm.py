@@ -1,0 +1,503 @@
+"""Hopper GEMMs: wgmma + TMA kernels written in TVM's TIRx, with the fused epilogue transplanted.
+
+amp's other GEMM schedules (tc_gemm, dlight) reach the tensor cores through ``wmma``, which on
+sm_90 runs at a fraction of the H200's rate (171-291 TFLOP/s per bert-large GEMM). Hopper's own
+path -- ``wgmma.mma_async`` reading both operands from shared memory, fed by TMA bulk copies and
+mbarriers -- cannot be reached through s_tir schedules in TVM 0.27, but TVM 0.27 also ships TIRx
+(``tvm.script.tirx``, ``tir_pipeline="tirx"``), whose ``T.ptx`` namespace emits those
+instructions. This module writes one such kernel per GEMM:
+
+- a 128 x BN output tile per CTA, K in 64-deep steps (128-byte rows, TMA's 128B swizzle, which
+  wgmma's K-major descriptors read back), ``stages`` shared-memory stages;
+- warp-specialized: warps 0-7 are two consumer warpgroups (64 rows each, ``m64nBNk16``,
+  fp32 accumulators in registers, the K loop unrolled), warp 8 is the producer: one thread waits
+  for a free stage (``empty`` mbarrier, one arrival per consumer warp after its
+  ``wgmma.wait_group 1``), arms the ``full`` mbarrier with the stage's byte count and issues two
+  TMA copies;
+- the epilogue runs on the accumulators in registers: the fused PrimFunc's elementwise tail (bias,
+  GELU, residual add, casts: whatever FuseOps put there) is inlined into one expression of the
+  matmul value and transplanted, element by element, then stored two columns at a time.
+
+Which GEMMs (``match_gemm``): a fused PrimFunc whose first block is an NT matmul (A [..., K] with
+K contiguous, B [N, K], fp16/bf16, fp32 or same-type accumulation; ``matmul_nt`` produces these)
+followed only by spatial blocks that end in one output of the matmul's shape. Sizes
+(``plan``): N a multiple of 64, K a multiple of 64 in ``MIN_K..MAX_K``, M >= 128. Everything else keeps
+amp's other schedules. Needs sm_90 and compiles for ``sm_90a`` (``build_target``).
+
+The kernels carry ``amp.tirx`` and go through TVM's TIRx lowering (``legalize.pipeline`` routes
+them); ``tirx.is_scheduled`` keeps dlight off them.
+
+Status (H200; docs/gpu-performance.md, "Hopper GEMMs"): on by default (``cuda.hopper_gemm``).
+An early version lost accuracy on K=4096 (a rolled K loop with a wgmma group in flight across its
+back-edge); with the consumer's K loop unrolled in TIR, bert-large's four GEMM kernels match
+dlight's output exactly and bert-large fp16 runs in 1.91 ms (rel L2 1.29e-3 vs ORT fp32; 3.21 ms
+with amp's wmma GEMMs; torch.compile reduce-overhead 2.23 ms in the same run).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .... import tvm_compat
+from ....hardware import arch_sm, sm_count
+from ....ir_attrs import HOPPER_TILE, IS_SCHEDULED, TIRX_KERNEL
+from ..functions import replace_functions
+from ..registry import register
+
+BM, BK = 128, 64        # rows per CTA (two m64 warpgroups), K per stage (128 bytes of fp16)
+BNS = (192, 128, 64)     # 256 wide: same speed as 128 on N=4096, but its epilogue spills registers
+MIN_K = 512             # measured range (bert-large: K 1024/4096); short K loops keep tc_gemm
+MAX_K = 8192            # the consumer's K loop is unrolled (see gemm_kernel): 128 steps at most
+SMEM_BUDGET = 200 * 1024
+MAX_STAGES = 6
+MIN_SM, MAX_SM = 90, 90  # sm_90a instructions (wgmma): Hopper only
+HOPPER_SMS = sm_count(90)  # H100/H200
+IN_TYPES = {"float16": "f16", "bfloat16": "bf16"}
+# output dtype -> (CUDA element type, two-element vector type, its constructor) for paired stores
+PAIR_TYPES = {"float16": ("half", "half2", "make_half2"),
+              "bfloat16": ("nv_bfloat16", "nv_bfloat162", "make_bfloat162"),
+              "float32": ("float", "float2", "make_float2")}
+
+
+@dataclass(frozen=True)
+class Plan:
+    bn: int
+    stages: int
+
+    def smem_bytes(self, in_bytes: int = 2) -> int:
+        return self.stages * (BM + self.bn) * BK * in_bytes
+
+
+def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS):
+    """The tile width and stage count for an M x N x K GEMM, or a string saying why not.
+
+    BN: the widest of 192/128/64 dividing N whose grid still fills 90% of the SMs (else the
+    one with the most CTAs); stages: as many as fit ``SMEM_BUDGET``, at most ``MAX_STAGES``.
+
+    >>> plan(1024, 4096, 1024), plan(1024, 3072, 1024), plan(1024, 1024, 4096)
+    (Plan(bn=128, stages=6), Plan(bn=192, stages=5), Plan(bn=64, stages=6))
+    >>> plan(1024, 1000, 1024)
+    'N=1000 is not a multiple of 64'
+    """
+    if n % 64:
+        return f"N={n} is not a multiple of 64"
+    if k % BK or not MIN_K <= k <= MAX_K:
+        return f"K={k} is not a multiple of {BK} in {MIN_K}..{MAX_K}"
+    if m < BM:
+        return f"M={m} is below {BM}"
+    rows = -(-m // BM)
+    fits = [bn for bn in BNS if n % bn == 0]
+    full = [bn for bn in fits if rows * (n // bn) >= 0.9 * sms]
+    bn = full[0] if full else fits[-1]
+    stages = min(MAX_STAGES, SMEM_BUDGET // Plan(bn, 1).smem_bytes())
+    return Plan(bn, stages)
+
+
+def build_target(target, enabled: bool = True):
+    """The target to compile with: sm_90 becomes sm_90a (wgmma needs it) when the Hopper GEMMs
+    are on; any other target is returned as is."""
+    if not enabled or target.kind.name != "cuda" or arch_sm(target) != 90:
+        return target
+    arch = str(target.attrs.get("arch", ""))
+    if arch.endswith("a"):
+        return target
+    spec = tvm_compat.target_to_dict(target)
+    spec["arch"] = arch + "a"
+    return tvm_compat.make_target(spec)
+
+
+def enabled_for(target) -> bool:
+    """Whether a pipeline for ``target`` may emit these kernels: CUDA sm_90a, the arch that
+    ``build_target`` gives a build with the kernels on (a plain sm_90 target -- tests, tuning,
+    other callers compiling for sm_90 -- keeps amp's other GEMM schedules, as its nvcc run
+    would reject wgmma)."""
+    return (target.kind.name == "cuda" and MIN_SM <= arch_sm(target) <= MAX_SM
+            and str(target.attrs.get("arch", "")).endswith("a"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Matching a fused GEMM PrimFunc
+
+
+@dataclass
+class GemmMatch:
+    a: object          # buffers of the original function
+    b: object
+    out: object
+    c: object          # the matmul's result buffer (an intermediate, or ``out``)
+    m: int
+    n: int
+    k: int
+    in_dtype: str
+    value: object      # the output block's stored value (after inlining the epilogue)
+    iters: list        # the output block's iter vars, in output-index order
+
+
+def _int(e):
+    return int(e.value) if hasattr(e, "value") else None
+
+
+def _shape(buf) -> list:
+    """Static shape of a buffer (0.27: a buffer-typed Var), None for dynamic extents."""
+    return [_int(s) for s in buf.ty.shape]
+
+
+def _dtype(buf) -> str:
+    return str(buf.ty.dtype)
+
+
+def _loads(expr):
+    found = []
+    load_cls = tvm_compat.buffer_load_class()
+
+    def on_load(load, mutator):
+        found.append(load)
+        return mutator.default_mutate(load)
+
+    tvm_compat.structural_mutate(expr, [(load_cls, on_load)])
+    return found
+
+
+def _same_vars(indices, vars_) -> bool:
+    return len(indices) == len(vars_) and all(
+        hasattr(i, "same_as") and i.same_as(v) for i, v in zip(indices, vars_))
+
+
+def _strip_cast(e, dtype):
+    T = tvm_compat.tirx()
+    if isinstance(e, T.Cast) and str(e.ty.dtype) == dtype:
+        return e.value
+    return e
+
+
+def match_gemm(func):
+    """A :class:`GemmMatch` for a fused NT-GEMM PrimFunc, or a string saying why not."""
+    tvm, T = tvm_compat.tvm(), tvm_compat.tirx()
+    get_root_block = tvm_compat.dlight_analysis().get_root_block
+
+    if func.attrs and (func.attrs.get(IS_SCHEDULED) or func.attrs.get(TIRX_KERNEL)):
+        return "already scheduled"
+    try:
+        sch = tvm.s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(get_root_block(sch))
+    except Exception as exc:  # noqa: BLE001 - not a block-structured PrimFunc
+        return f"no blocks ({type(exc).__name__})"
+    if len(blocks) < 1:
+        return "no blocks"
+    mm = sch.get(blocks[0])
+    kinds = [iv.iter_type for iv in mm.iter_vars]
+    spatial = [iv.var for iv in mm.iter_vars if iv.iter_type == 0]
+    reduce_ = [iv.var for iv in mm.iter_vars if iv.iter_type == 2]
+    if len(reduce_) != 1 or kinds[-1] != 2 or len(spatial) < 2:
+        return "first block is not a matmul with one reduction axis last"
+    kv = reduce_[0]
+    store = mm.body
+    if not isinstance(store, T.BufferStore) or not _same_vars(store.indices, spatial):
+        return "matmul does not store at its spatial iterators"
+    c = store.buffer
+    if mm.init is None or not isinstance(mm.init, T.BufferStore) or _int(mm.init.value) != 0:
+        return "matmul init is not zero"
+    acc_type = _dtype(c)
+    value = store.value
+    if not isinstance(value, T.Add):
+        return "matmul update is not an add"
+    lhs, rhs = value.a, value.b
+    load_cls = tvm_compat.buffer_load_class()
+    if not (isinstance(lhs, load_cls) and lhs.source.same_as(c)):
+        return "matmul update does not read its accumulator"
+    if not isinstance(rhs, T.Mul):
+        return "matmul update is not a product"
+    x, w = _strip_cast(rhs.a, acc_type), _strip_cast(rhs.b, acc_type)
+    if not (isinstance(x, load_cls) and isinstance(w, load_cls)):
+        return "matmul operands are not plain loads"
+    a, b = x.source, w.source
+    in_dtype = _dtype(a)
+    if in_dtype not in IN_TYPES or _dtype(b) != in_dtype:
+        return f"operand types {_dtype(a)}/{_dtype(b)}"
+    if acc_type not in ("float32", in_dtype):
+        return f"accumulator type {acc_type}"
+    if not _same_vars(x.indices, spatial[:-1] + [kv]) or not _same_vars(w.indices, [spatial[-1], kv]):
+        return "not an NT matmul (A[..., k] and B[n, k])"
+    shape = _shape(c)
+    if None in shape or None in _shape(a) + _shape(b):
+        return "dynamic shape"
+    k = _int(mm.iter_vars[-1].dom.extent)
+    n = shape[-1]
+    m = math.prod(shape[:-1])
+    if _shape(a) != shape[:-1] + [k] or _shape(b) != [n, k]:
+        return "operand shapes do not match the output"
+    params = list(func.params)
+
+    def is_param(v):
+        return any(v.same_as(p) for p in params)
+    # The tail: spatial blocks of the output's shape; all but the last get inlined into it.
+    for blk in blocks[1:]:
+        if any(iv.iter_type != 0 for iv in sch.get(blk).iter_vars):
+            return "a non-spatial block after the matmul"
+    try:
+        for blk in blocks[1:-1]:
+            sch.compute_inline(blk)
+    except Exception as exc:  # noqa: BLE001
+        return f"epilogue does not inline ({type(exc).__name__})"
+    remaining = sch.get_child_blocks(get_root_block(sch))
+    if len(remaining) > 2:
+        return "epilogue did not inline into one block"
+    last = sch.get(remaining[-1])
+    if len(blocks) == 1:
+        out, iters = c, spatial
+        value_expr = None
+    else:
+        ostore = last.body
+        iters = [iv.var for iv in last.iter_vars]
+        if not isinstance(ostore, T.BufferStore) or not _same_vars(ostore.indices, iters):
+            return "epilogue does not store at its iterators"
+        out = ostore.buffer
+        if _shape(out) != shape:
+            return "epilogue output shape differs from the matmul's"
+        value_expr = ostore.value
+        for ld in _loads(value_expr):
+            if ld.source.same_as(c):
+                if not _same_vars(ld.indices, iters):
+                    return "epilogue reads the matmul at other indices"
+            elif not is_param(ld.source) or any(ld.source.same_as(v) for v in (a, b, out)):
+                return f"epilogue reads {ld.source}"
+    if not is_param(out) or _dtype(out) not in PAIR_TYPES:
+        return "output is not a float parameter"
+    return GemmMatch(a, b, out, c, m, n, k, in_dtype, value_expr, iters)
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+
+def _epilogue_fn(match: GemmMatch):
+    """(f, views): f(acc fp32, row, col) -> the output value, from the inlined epilogue
+    expression; the epilogue's other buffers (bias, residual) are read through flat int32-indexed
+    views, ``views`` = [(view, parameter)] (TIRx's lowering mis-declares its own flattened
+    aliases of int64-shaped parameters read in the device region)."""
+    T = tvm_compat.tirx()
+    load_cls = tvm_compat.buffer_load_class()
+    out_shape = _shape(match.out)
+    c_dtype, out_dtype = _dtype(match.c), _dtype(match.out)
+    views = []
+
+    def view_of(param):
+        for view, orig in views:
+            if orig.same_as(param):
+                return view
+        view = T.decl_buffer((math.prod(_shape(param)),), _dtype(param), f"{param}_flat",
+                             data=param.data)
+        views.append((view, param))
+        return view
+
+    def flat_index(param, indices):
+        flat, stride = None, 1
+        for ix, extent in reversed(list(zip(indices, _shape(param)))):
+            term = T.Cast("int32", ix) * stride if stride != 1 else T.Cast("int32", ix)
+            flat = term if flat is None else flat + term
+            stride *= extent
+        return flat
+
+    def fn(acc, row, col):
+        acc_c = acc if c_dtype == "float32" else T.Cast(c_dtype, acc)
+        if match.value is None:
+            return acc_c if out_dtype == c_dtype else T.Cast(out_dtype, acc_c)
+        subst = {}
+        rest = row
+        lead = list(zip(match.iters[:-1], out_shape[:-1]))
+        for pos in range(len(lead) - 1, -1, -1):
+            var, extent = lead[pos]
+            subst[var] = T.Cast(str(var.ty.dtype), rest % extent if pos else rest)
+            rest = rest // extent
+        subst[match.iters[-1]] = T.Cast(str(match.iters[-1].ty.dtype), col)
+
+        def on_load(load, mutator):
+            if load.source.same_as(match.c):
+                return acc_c
+            indices = [mutator.mutate(ix) for ix in load.indices]
+            return T.BufferLoad(view_of(load.source), [flat_index(load.source, indices)])
+
+        def on_var(var, _mutator):
+            for k, v in subst.items():
+                if var.same_as(k):
+                    return v
+            return var
+
+        return tvm_compat.structural_mutate(match.value, [(load_cls, on_load), (T.Var, on_var)])
+
+    return fn, views
+
+
+def _fence_src(n: int):
+    name = f"amp_wgmma_acc_fence_{n}"
+    ops = ", ".join(f'"+f"(a[{i}])' for i in range(n))
+    return name, (f"__device__ __forceinline__ void {name}(float* a) "
+                  f'{{ asm volatile("" : {ops} :: "memory"); }}\n')
+
+
+def _store_src(dtype: str):
+    ctype, pair, make = PAIR_TYPES[dtype]
+    name = f"amp_store_pair_{pair}"
+    return name, (f"__device__ __forceinline__ void {name}({ctype}* p, {ctype} a, {ctype} b) "
+                  f"{{ *({pair}*)p = {make}(a, b); }}\n")
+
+
+def gemm_kernel(match: GemmMatch, p: Plan):
+    """The TIRx PrimFunc (params: A, B, out, in that order, with the original shapes)."""
+    T = tvm_compat.tvmscript_tir()
+
+    M, N, K = match.m, match.n, match.k
+    BN, S = p.bn, p.stages
+    dt = match.in_dtype
+    out_dtype = _dtype(match.out)
+    a_shape, b_shape, o_shape = _shape(match.a), _shape(match.b), _shape(match.out)
+    KT = K // BK
+    NACC = BN // 2
+    nbm, nbn = -(-M // BM), N // BN
+    A_tile, B_tile = BM * BK, BN * BK
+    tx_bytes = (A_tile + B_tile) * 2
+    # cuTensorMapEncodeTiled: dims (inner, outer), outer stride in bytes, box, element strides,
+    # interleave none, swizzle 128B (3), no L2 promotion, zero fill out of bounds
+    a_args = [K, M, K * 2, BK, BM, 1, 1, 0, 3, 0, 0]
+    b_args = [K, N, K * 2, BK, BN, 1, 1, 0, 3, 0, 0]
+    wgmma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{IN_TYPES[dt]}.{IN_TYPES[dt]}"
+    tma = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    fence, fence_src = _fence_src(NACC)
+    st, st_src = _store_src(out_dtype)
+    epi, views = _epilogue_fn(match)
+    guard = M % BM != 0
+
+    # fmt: off
+    @T.prim_func(check_well_formed=False)
+    def main(A_ptr: T.handle, B_ptr: T.handle, O_ptr: T.handle):
+        A = T.match_buffer(A_ptr, a_shape, dt, align=16)
+        B = T.match_buffer(B_ptr, b_shape, dt, align=16)
+        O = T.match_buffer(O_ptr, o_shape, out_dtype, align=16)
+        A_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        T.call_packed("runtime.cuTensorMapEncodeTiled", A_map, dt, 2, A.data, *a_args)
+        B_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        T.call_packed("runtime.cuTensorMapEncodeTiled", B_map, dt, 2, B.data, *b_args)
+        T.device_entry()
+        bid = T.cta_id([nbm * nbn])
+        tid = T.thread_id([288])
+        Of = T.decl_buffer((M, N), out_dtype, data=O.data)
+        arena = T.alloc_buffer((S * (A_tile + B_tile),), dt, scope="shared.dyn", align=1024)
+        As = T.decl_buffer((S, BM, BK), dt, data=arena.data, scope="shared.dyn")
+        Bs = T.decl_buffer((S, BN, BK), dt, data=arena.data, elem_offset=S * A_tile, scope="shared.dyn")
+        full = T.alloc_shared((S,), "uint64")
+        empty = T.alloc_shared((S,), "uint64")
+        m0: T.let = (bid // nbn) * BM
+        n0: T.let = (bid % nbn) * BN
+        if tid == 256:
+            for s in T.serial(S):
+                T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))
+                T.ptx.mbarrier.init.shared.b64(empty.ptr_to([s]), T.uint32(8))
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.cuda.cta_sync()
+        if tid == 256:
+            for kt in T.serial(KT):
+                if kt >= S:
+                    T.cuda.mbarrier_wait(empty.ptr_to([kt % S]), (kt // S + 1) % 2)
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([kt % S]), T.uint32(tx_bytes))
+                T.ptx[tma](As.ptr_to([kt % S, 0, 0]), T.address_of(A_map), kt * BK, m0, full.ptr_to([kt % S]))
+                T.ptx[tma](Bs.ptr_to([kt % S, 0, 0]), T.address_of(B_map), kt * BK, n0, full.ptr_to([kt % S]))
+        elif tid < 256:
+            wg: T.let = tid // 128
+            t: T.let = tid % 128
+            acc = T.alloc_local((NACC,), "float32")
+            descA: T.uint64
+            descB: T.uint64
+            for i in T.unroll(NACC):
+                acc[i] = T.float32(0)
+            T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA), As.ptr_to([0, wg * 64, 0]), 1, 64, 3)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), Bs.ptr_to([0, 0, 0]), 1, 64, 3)
+            for kt in T.unroll(KT):  # no loop back-edge while a wgmma group is in flight
+                T.cuda.mbarrier_wait(full.ptr_to([kt % S]), (kt // S) % 2)
+                T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+                T.ptx.wgmma.fence.sync.aligned()
+                for kk in T.unroll(BK // 16):
+                    T.ptx[wgmma](*[acc[i] for i in range(NACC)],
+                                 descA + T.uint64(((kt % S) * A_tile * 2 + kk * 32) // 16),
+                                 descB + T.uint64(((kt % S) * B_tile * 2 + kk * 32) // 16), True, 1, 1, 0, 0)
+                T.ptx.wgmma.commit_group.sync.aligned()
+                T.ptx.wgmma.wait_group.sync.aligned(1)
+                T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+                if kt > 0:
+                    if t % 32 == 0:
+                        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(kt - 1) % S]))
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+            T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+            row: T.let = m0 + wg * 64 + t // 32 * 16 + t % 32 // 4
+            for i in T.unroll(BN // 8):
+                col: T.let = n0 + i * 8 + t % 4 * 2
+                if not guard or row < M:
+                    T.cuda.func_call(st, Of.ptr_to([row, col]),
+                                     T.Cast(out_dtype, epi(acc[i * 4], row, col)),
+                                     T.Cast(out_dtype, epi(acc[i * 4 + 1], row, col + 1)),
+                                     source_code=st_src, return_type="void")
+                if not guard or row + 8 < M:
+                    T.cuda.func_call(st, Of.ptr_to([row + 8, col]),
+                                     T.Cast(out_dtype, epi(acc[i * 4 + 2], row + 8, col)),
+                                     T.Cast(out_dtype, epi(acc[i * 4 + 3], row + 8, col + 1)),
+                                     source_code=st_src, return_type="void")
+    # fmt: on
+    if not views:
+        return main
+    # declare the epilogue's views on the host side, as TIRx's lowering declares its own views
+    # of the parameters the kernel reads
+    tirx = tvm_compat.tirx()
+    return main.with_body(tirx.SeqStmt([tirx.DeclBuffer(v, data=p.data) for v, p in views]
+                                       + [main.body]))
+
+
+def hopper_func(func, sms: int = HOPPER_SMS):
+    """``func`` rewritten as a Hopper GEMM kernel with the same parameters, or a string saying
+    why not."""
+    T = tvm_compat.tirx()
+    match = match_gemm(func)
+    if isinstance(match, str):
+        return match
+    p = plan(match.m, match.n, match.k, sms)
+    if isinstance(p, str):
+        return p
+    kernel = gemm_kernel(match, p)
+    # Same parameter list as ``func``: the kernel's own A/B/out parameters in their places,
+    # the epilogue's other buffers (bias, residual) from ``func``.
+    params = []
+    for param in func.params:
+        mine = [k for v, k in zip((match.a, match.b, match.out), kernel.params) if v.same_as(param)]
+        params.append(mine[0] if mine else param)
+    attrs = dict(func.attrs.items()) if func.attrs else {}
+    attrs.update({TIRX_KERNEL: True, IS_SCHEDULED: True,
+                  HOPPER_TILE: f"128x{p.bn}x{BK}s{p.stages}"})
+    attrs.pop("op_pattern", None)
+    return T.PrimFunc(params, kernel.body).with_attrs(attrs)
+
+
+def hopper_gemm_pass(target, stats: dict | None = None):
+    """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
+    (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``."""
+    tvm = tvm_compat.tvm()
+    sms = sm_count(arch_sm(target))
+
+    @tvm.transform.module_pass(opt_level=0, name="AmpHopperGemm")
+    def _pass(mod, _ctx):
+        updates = {}
+        for gv, f in mod.functions_items():
+            if not isinstance(f, tvm_compat.prim_func_class()):
+                continue
+            made = hopper_func(f, sms)
+            if not isinstance(made, str):
+                updates[gv] = made
+        if stats is not None and updates:
+            stats["hopper_gemm"] = stats.get("hopper_gemm", 0) + len(updates)
+        return replace_functions(mod, updates)
+
+    return _pass
+
+
+@register("hopper_gemm", "tir", 10, switch="hopper_gemm",
+          labels={"hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"})
+def make_pass(ctx):
+    return hopper_gemm_pass(ctx.target, ctx.stats) if enabled_for(ctx.target) else None

@@ -1,0 +1,125 @@
+"""amp's Relax pipeline for CUDA.
+
+TVM's own CUDA pipeline (tvm/relax/backend/cuda/pipeline.py) with these changes:
+
+- amp's graph rewrites run first (``rewrites/``: convolutions as GEMMs, flattening reshapes
+  sunk, parallel GEMMs combined, attention fused, matmuls in NT form + split-K, layer norm +
+  cast fused), so fp16/bf16 work reaches tensor-core schedules instead of SIMT fallback code;
+- after FuseTIR, amp's TIR rewrites (``kernels/hopper_gemm``: sm_90a wgmma GEMMs) and then
+  the tuning-record passes (MetaSchedule ApplyDatabase) run before the default rules, so tuned
+  kernels keep their tuned schedules and only the rest get the defaults;
+- the default rules are amp's (``rules/``): its GEMM rule first, then dlight's, with amp's
+  large-injective rule before dlight's Fallback; a rule that raises is skipped (``fallible``);
+- Relax's CUDA-graph rewriting is on (``relax.backend.use_cuda_graph``): the kernels between the
+  input and the output of a static-shape model are captured once and replayed as one graph;
+- the pass list is assembled here, in one place, so convert and tune compile the same way.
+
+Each rewrite and rule registers itself, with its place in its stage (``registry.py``); the
+imports below load them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ... import tvm_compat
+from ...config import CudaConfig
+from ...hardware import arch_sm
+from ...ir_attrs import CUDA_GRAPH, KERNEL_NAME
+from . import registry
+from .functions import replace_functions
+from .rules.fallible import fallible
+
+# Importing a module registers its rewrites / rules (registry.py); each states its order.
+from .kernels import hopper_gemm  # noqa: F401
+from .rewrites import (combine_gemm, conv_gemm, fused_attention, matmul_nt,  # noqa: F401
+                       norm_cast, reshape_sink)
+from .rules import dlight_rules, injective, matmul  # noqa: F401
+
+
+def name_kernels_pass():
+    """Give each PrimFunc its global name as an attribute (``fallible``'s records name the
+    kernel; dlight hands rules the function only). Runs after the tuning-record passes, so the
+    functions they match against the records are unchanged."""
+    tvm = tvm_compat.tvm()
+
+    @tvm.transform.module_pass(opt_level=0, name="AmpNameKernels")
+    def _pass(mod, _ctx):
+        return replace_functions(mod, {gv: f.with_attr(KERNEL_NAME, gv.name_hint)
+                                       for gv, f in mod.functions_items()
+                                       if isinstance(f, tvm_compat.prim_func_class())})
+
+    return _pass
+
+
+def build_context(target, cuda: CudaConfig | None = None, stats: dict | None = None):
+    return registry.BuildContext(target, arch_sm(target), cuda or CudaConfig(), stats)
+
+
+def cuda_schedule_passes(target, rule_failures: list | None = None,
+                         cuda: CudaConfig | None = None) -> list:
+    """dlight's ApplyDefaultSchedule with amp's registered rules (``rules/``), each wrapped so
+    that one that raises is skipped (and recorded in ``rule_failures``), then dlight's Fallback,
+    whose errors are real errors."""
+    dl = tvm_compat.dlight()
+    made = registry.made("rule", build_context(target, cuda))
+    rules = [fallible(r, rule_failures) for r in made]
+    named = [name_kernels_pass()] if rule_failures is not None else []
+    return named + [dl.ApplyDefaultSchedule(*rules, dl.gpu.Fallback())]
+
+
+def cuda_graph_config(enabled: bool = True) -> dict:
+    """PassContext config that turns Relax's CUDA-graph rewriting (RewriteCUDAGraph, one of the
+    finalize passes) on or off."""
+    return {CUDA_GRAPH: bool(enabled)}
+
+
+def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_passes=None,
+                        rule_failures: list | None = None, rewrite_stats: dict | None = None,
+                        stop_before_schedule: bool = False, **switches):
+    """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
+
+    ``cuda``: the switches (``config.CudaConfig``; None: defaults); keyword ``switches``
+    override single fields (``cuda_relax_pipeline(t, split_k=False)``). ``extra_schedule_passes``
+    (tuning records) run after FuseTIR and amp's TIR rewrites, before the default rules.
+    ``rewrite_stats`` receives the rewrites' counts (for the build report), ``rule_failures``
+    the schedule rules that raised (see ``rules/fallible.py``). Must run on the
+    precision-converted module (the rewrites key on fp16/bf16 operands).
+    ``stop_before_schedule``: end after FuseTIR and the TIR rewrites (what tuning extracts).
+    """
+    tvm = tvm_compat.tvm()
+    relax = tvm.relax
+    cuda_pipe = tvm_compat.relax_cuda_pipeline()
+    cuda = dataclasses.replace(cuda or CudaConfig(), **switches)
+    ctx = build_context(target, cuda, rewrite_stats)
+
+    @tvm.transform.module_pass(opt_level=0, name="AmpCUDAPipeline")
+    def _pipeline(mod, pass_ctx):
+        # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
+        # keeping the caller's other config and instruments.
+        config = {str(k): v for k, v in pass_ctx.config.items()}
+        config.update(cuda_graph_config(cuda.cuda_graph))
+        with target, tvm.transform.PassContext(opt_level=pass_ctx.opt_level, config=config,
+                                               instruments=list(pass_ctx.instruments)):
+            passes = (cuda_pipe.library_dispatch_passes(target)
+                      + registry.made("graph", ctx)
+                      + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                         relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                         relax.transform.FuseTIR()]
+                      + registry.made("tir", ctx))
+            if not stop_before_schedule:
+                passes += (list(extra_schedule_passes or [])
+                           + cuda_schedule_passes(target, rule_failures, cuda)
+                           + cuda_pipe.dataflow_lower_passes(target)
+                           + cuda_pipe.finalize_passes(target))
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
+
+def switch_names() -> set[str]:
+    """Every CudaConfig field the pipeline reads: the registered entries' and ``cuda_graph``."""
+    return registry.switches() | {"cuda_graph"}
+
+
+def report_labels() -> dict:
+    return registry.report_labels()

@@ -1,0 +1,196 @@
+"""Convolutions as GEMMs, so that dlight's tensor-core matmul rule can schedule them.
+
+dlight has a wmma tensor-core rule for matmuls (``MatmulTensorization``) but none for conv2d: a
+legalized NCHW conv2d falls back to SIMT code. This Relax pass moves the model to NHWC and
+rewrites each eligible ``relax.nn.conv2d`` (fp16/bf16 inputs, groups=1, static shapes) into:
+
+    x [N,H,W,C] --im2col--> A [N,Ho,Wo, kh*kw*C]       (1x1 stride-1 unpadded: A is x itself)
+    w [O,kh,kw,C] --reshape--> B [O, kh*kw*C]          (a constant, folded at compile time)
+    y[n,ho,wo,o] = sum_k A[n,ho,wo,k] * B[o,k]         (accumulated in the conv's out_dtype)
+
+dlight sees an [M=N*Ho*Wo, K] x [K, O] GEMM (it fuses n, ho, wo into M itself).
+
+The GEMM is emitted as one TE reduction with B in [J, K] order, which is the operand layout
+dlight's tensor-core rule loads natively (its wmma intrinsics are the ``trans_b`` ones); a
+``relax.matmul`` with a transposed constant would be folded into a [K, J] constant and loaded
+with strided, unvectorized global reads. The im2col is its own spatial kernel (padding done
+in-kernel), so the im2col tensor is materialized once per conv: memory traffic, but small next to
+SIMT conv time. Depthwise/grouped and fp32 convolutions are left as convolutions (in NHWC).
+
+Implicit GEMM (``implicit=True``, the CUDA pipeline's ``cuda.implicit_gemm``): for a kxk or
+strided conv whose C is a multiple of 8 the GEMM reads the (zero-padded) image directly,
+``A[m, k] = x[n, ho*s + i*d - p, wo*s + j*d - p, c]``, with the padding as a stage of the same
+PrimFunc; amp's tensor-core schedule inlines it into the shared-memory loads, which TVM turns into
+predicated 16-byte ``cp.async`` copies (zero fill outside the image). No im2col tensor is written
+or read. Other convs (the RGB stem, C=3) keep the explicit im2col.
+
+Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/N/K to its tile
+(``pad_einsum``), so odd channel counts still get tensor cores.
+"""
+from __future__ import annotations
+
+from .... import tvm_compat
+from ....dtypes import LOW_TYPES
+from ..registry import register
+from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
+
+CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+
+
+def _is_candidate(call, want_layout: str | None = None) -> bool:
+    """fp16/bf16, groups=1, static-shape conv2d (in ``want_layout`` when given)."""
+    if op_name(call) != "relax.nn.conv2d":
+        return False
+    a = call.attrs
+    if int(a.groups) != 1:
+        return False
+    if want_layout and (a.data_layout != want_layout or a.kernel_layout != "OHWI"
+                        or a.out_layout not in ("", want_layout)):
+        return False
+    x, w = call.args
+    if x.ty.dtype not in LOW_TYPES or w.ty.dtype != x.ty.dtype:
+        return False
+    return static_shape(x) is not None and static_shape(w) is not None
+
+
+def count_gemm_convs(mod) -> int:
+    """How many conv2d calls in ``mod`` this pass would rewrite (any layout)."""
+    return sum(1 for call in calls(mod) if _is_candidate(call))
+
+
+def _im2col(te, tirx, x, kh, kw, strides, padding, dilation, out_hw):
+    """A[n, ho, wo, (i*kw + j)*C + c] = x[n, ho*sh + i*dh - pt, wo*sw + j*dw - pl, c]
+    (zero outside the image)."""
+    n_, h_, w_, c_ = (int(d) for d in x.shape)
+    ho_, wo_ = out_hw
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl = padding[0], padding[1]
+
+    def value(n, ho, wo, k):
+        i, r = k // (kw * c_), k % (kw * c_)
+        j, c = r // c_, r % c_
+        h = ho * sh + i * dh - pt
+        w = wo * sw + j * dw - pl
+        inside = tirx.all(h >= 0, h < h_, w >= 0, w < w_)
+        return tirx.if_then_else(inside, x[n, h, w, c], tirx.const(0, x.dtype))
+
+    return te.compute((n_, ho_, wo_, kh * kw * c_), value, name="im2col")
+
+
+def _gemm_nt(te, a, b, out_dtype):
+    """C[n, ho, wo, o] = sum_k A[n, ho, wo, k] * B[o, k], products and sum in ``out_dtype``.
+    Keeping the NHWC output shape (no reshape after the GEMM) lets FuseOps fuse the elementwise
+    epilogue (cast, bias, ReLU, residual add) into the GEMM kernel: it fuses elementwise and
+    broadcast consumers only, and a reshape in between would stop it."""
+    n, ho, wo, k = (int(d) for d in a.shape)
+    o = int(b.shape[0])
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute(
+        (n, ho, wo, o),
+        lambda bn, i, j, oc: te.sum(a[bn, i, j, r].astype(out_dtype) * b[oc, r].astype(out_dtype),
+                                    axis=r), name="conv_gemm")
+
+
+# Implicit GEMM needs whole cp.async vectors (8 fp16 = 16 bytes) inside one filter tap: C % 8.
+IMPLICIT_CHANNEL_MULTIPLE = 8
+
+
+def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw, out_dtype):
+    """The conv as a GEMM that reads the image directly (no im2col tensor):
+    ``y[n,ho,wo,o] = sum_k xp[n, ho*sh + i*dh, wo*sw + j*dw, c] * B[o, k]`` with
+    ``k = (i*kw + j)*C + c`` and ``xp`` the zero-padded image, a stage of the same PrimFunc that
+    the tensor-core schedule inlines into its shared-memory loads (predicated cp.async)."""
+    n_, h_, w_, c_ = (int(d) for d in x.shape)
+    ho_, wo_ = out_hw
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl, pb, pr = padding
+    o = int(b.shape[0])
+    xp = x
+    if any(padding):
+        def pad(n, h, w, c):
+            inside = tirx.all(h >= pt, h < h_ + pt, w >= pl, w < w_ + pl)
+            return tirx.if_then_else(inside, x[n, h - pt, w - pl, c], tirx.const(0, x.dtype))
+
+        xp = te.compute((n_, h_ + pt + pb, w_ + pl + pr, c_), pad, name="pad")
+    r = te.reduce_axis((0, kh * kw * c_), name="k")
+
+    def value(bn, ho, wo, oc):
+        i, rest = r // (kw * c_), r % (kw * c_)
+        j, c = rest // c_, rest % c_
+        return te.sum(xp[bn, ho * sh + i * dh, wo * sw + j * dw, c].astype(out_dtype)
+                      * b[oc, r].astype(out_dtype), axis=r)
+
+    return te.compute((n_, ho_, wo_, o), value, name="conv_gemm")
+
+
+def _rewrite_conv(bb, call, implicit: bool = False):
+    """Emit the GEMM form of an NHWC/OHWI conv2d call; returns (the replacement expression,
+    whether it is an implicit GEMM). ``implicit``: convs with C a multiple of 8 read the image
+    inside the GEMM (no im2col)."""
+    tvm = tvm_compat.tvm()
+    relax, te, tirx = tvm.relax, tvm.te, tvm.tirx
+    a = call.attrs
+    x, w = call.args
+    n, h, wd, c = static_shape(x)
+    o, kh, kw, _ = static_shape(w)
+    strides = [int(s) for s in a.strides]
+    dilation = [int(d) for d in a.dilation]
+    padding = [int(p) for p in a.padding]  # top, left, bottom, right
+    ho = (h + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    wo = (wd + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_dtype = str(a.out_dtype) if str(a.out_dtype) not in ("", "void") else x.ty.dtype
+
+    if kh == kw == 1 and strides == [1, 1] and not any(padding):
+        cols = x  # already [N, H, W, C]
+    elif implicit and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
+        wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
+        return bb.call_te(
+            lambda xt, bt: implicit_gemm_te(te, tirx, xt, bt, kh, kw, strides, padding, dilation,
+                                          (ho, wo), out_dtype), x, wmat,
+            primfunc_name_hint="amp_conv_gemm_implicit"), True
+    else:
+        cols = bb.emit_te(
+            lambda xt: _im2col(te, tirx, xt, kh, kw, strides, padding, dilation, (ho, wo)), x,
+            primfunc_name_hint="amp_im2col")
+    wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
+    return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), cols, wmat,
+                      primfunc_name_hint="amp_conv_gemm"), False
+
+
+def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None):
+    """Return ``mod`` with eligible conv2d calls in GEMM form (see the module docstring); a module
+    without any is returned unchanged (no layout change). ``implicit``: implicit GEMM (no im2col
+    tensor) for convs whose channel count is a multiple of 8. ``stats`` counts what changed."""
+    relax = tvm_compat.relax()
+    if not count_gemm_convs(mod):
+        return mod
+    mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
+
+    implicit_count = []
+
+    def rewrite(bb, call, _lookup):
+        if not _is_candidate(call, want_layout="NHWC"):
+            return None
+        new, is_implicit = _rewrite_conv(bb, call, implicit)
+        implicit_count.append(is_implicit)
+        return new
+
+    # The rewrite leaves reshapes/layout transforms of constant weights: fold them before dead
+    # code goes, so the GEMM's B operand is a plain constant before FuseOps groups kernels.
+    new, count = rewrite_calls(mod, rewrite, cleanup=relax.transform.FoldConstant())
+    add_counts(stats, convs_as_gemm=count, implicit_gemm_convs=sum(implicit_count))
+    return new
+
+
+def conv_to_gemm_pass(implicit: bool = False, stats: dict | None = None):
+    """``conv_to_gemm`` as a module pass (run after precision conversion, before LegalizeOps)."""
+    return module_pass(lambda mod: conv_to_gemm(mod, implicit, stats), "AmpConvToGemm")
+
+
+@register("conv_as_gemm", "graph", 10, switch="conv_as_gemm", reads=("implicit_gemm",),
+          labels={"convs_as_gemm": "convolutions as GEMMs",
+                  "implicit_gemm_convs": "of them implicit GEMMs"})
+def make_pass(ctx):
+    return conv_to_gemm_pass(ctx.cuda.implicit_gemm, ctx.stats)

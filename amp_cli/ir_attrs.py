@@ -1,0 +1,19 @@
+"""Names amp writes into, or reads from, TVM IR and pass contexts: one module, so a key is spelled
+once. (TVM 0.27 renamed ``tir.*`` keys to ``tirx.*``; a rename touches this file.)"""
+
+# PrimFunc attributes
+KERNEL_NAME = "amp.kernel"  # the kernel's global name, for schedule-rule failure records
+IS_SCHEDULED = "tirx.is_scheduled"  # TVM's: dlight and MetaSchedule leave such kernels alone
+LEGACY_IS_SCHEDULED = "tir.is_scheduled"  # the pre-0.27 spelling, still honoured on read
+NOALIAS = "tirx.noalias"
+TIRX_KERNEL = "amp.tirx"  # written in TIRx: lowered by TVM's TIRx pipeline (hopper_gemm)
+HOPPER_TILE = "amp.hopper_tile"  # the wgmma tile a Hopper GEMM kernel uses (for reports)
+TUNED_WORKLOAD = "amp.tuned_workload"  # set on kernels that took a tuning record
+OP_PATTERN = "op_pattern"  # Relax's fusion pattern of a PrimFunc
+
+# Relax binding names
+ONNX_NODE_PREFIX = "onnx:"  # the importer names each ONNX node's last binding "onnx:<node>"
+
+# PassContext config keys
+CUDA_GRAPH = "relax.backend.use_cuda_graph"
+ASYNC_COPY = "tirx.use_async_copy"
