@@ -118,10 +118,9 @@ def render_markdown(r: dict) -> str:
               f"{p['underflow_flushed']}"]
     if p.get("note"):
         lines.append(f"- {p['note']}")
-    lines += ["", "| op | dtype | count |", "|---|---|---|"]
-    for key, count in sorted(p["ops_by_dtype"].items()):
-        op, _, dt = key.rpartition(":")
-        lines.append(f"| {op} | {dt} | {count} |")
+    lines += ["", "| op | input dtypes | output dtype | count |", "|---|---|---|---|"]
+    for row in p.get("op_dtypes") or []:
+        lines.append(f"| {row['op']} | {row['inputs']} | {row['output']} | {row['count']} |")
     if p["kept_fp32"]:
         lines += ["", "Kept in fp32:", "", "| node | op | why |", "|---|---|---|"]
         for k in p["kept_fp32"]:

@@ -12,6 +12,7 @@ import importlib
 import os
 
 from .errors import AmpError
+from .ir_attrs import ONNX_NODE_PREFIX
 
 TVM_VERSION = "0.27.0.post1"
 # apache-tvm 0.27.0.post1 only asks for apache-tvm-ffi>=0.1.14.post0, but 0.1.15.x changed the
@@ -289,7 +290,7 @@ def onnx_node_naming():
         sym = original(self, op_name, inputs, attrs, opset)
         if (isinstance(sym, _relax.Expr) and isinstance(getattr(sym, "ty", None), _relax.TensorType)
                 and not isinstance(sym, (_relax.Var, constant))):
-            sym = self.bb.emit(sym, name_hint="onnx:" + name)
+            sym = self.bb.emit(sym, name_hint=ONNX_NODE_PREFIX + name)
         return sym
 
     cls._convert_operator = convert

@@ -3,8 +3,24 @@ from __future__ import annotations
 
 import click
 
-from .common import (EPILOG, debug_option, progress_bar, build_config, convert_options,
-                  cuda_graph_option)
+from ..bench import (
+    COMPARE_CHOICES,
+    BenchConfig,
+    format_table,
+    require_matplotlib,
+    write_plot,
+)
+from ..bench import bench as run_bench
+from .common import (
+    EPILOG,
+    build_config,
+    convert_options,
+    cuda_graph_option,
+    debug_option,
+    progress_bar,
+)
+
+POSITIVE = click.FloatRange(min=0, min_open=True)  # a bad gate value is a usage error (exit 2)
 
 # convert options that only mean something when bench converts a model itself
 _MODEL_ONLY = {"target": "--target", "precision": "--precision", "accumulate": "--accumulate",
@@ -15,8 +31,6 @@ _MODEL_ONLY = {"target": "--target", "precision": "--precision", "accumulate": "
 
 
 def _compare_list(_ctx, _param, value):
-    from ..bench import COMPARE_CHOICES
-
     if not value:
         return []
     items = [v.strip() for v in value.split(",") if v.strip()]
@@ -47,14 +61,14 @@ def _compare_list(_ctx, _param, value):
                    "default: seeded random inputs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random inputs.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False),
-              help="Write the results as JSON (schema_version 1; see amp_cli/bench.py).")
+              help="Write the results as JSON (schema_version 1; see amp_cli/bench/__init__.py).")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False),
               help="Write a latency chart (PNG; needs matplotlib).")
-@click.option("--max-latency-ratio", type=float, default=None, metavar="R",
+@click.option("--max-latency-ratio", type=POSITIVE, default=None, metavar="R",
               help="Gate: exit 3 if amp p50 latency / amp fp32 p50 latency > R.")
-@click.option("--max-rel-error", type=float, default=None, metavar="E",
+@click.option("--max-rel-error", type=POSITIVE, default=None, metavar="E",
               help="Gate: exit 3 if amp's relative L2 error vs the fp32 reference > E.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads for TVM and ONNX Runtime (default: TVM_NUM_THREADS or all "
                    "cores).")
 @debug_option
@@ -78,10 +92,6 @@ def bench(ctx, target_or_model, target, precision, accumulate, config_file, inpu
     """
     from pathlib import Path
 
-    from ..bench import BenchConfig, format_table, require_matplotlib, write_plot
-    from ..bench import bench as run_bench
-    from ..errors import ConfigError
-
     cfg = BenchConfig(warmup=warmup, repeat=repeat, number=number, compare=compare,
                       inputs=inputs_npz, seed=seed, max_latency_ratio=max_latency_ratio,
                       max_rel_error=max_rel_error, threads=threads)
@@ -92,9 +102,9 @@ def bench(ctx, target_or_model, target, precision, accumulate, config_file, inpu
                  ctx.get_parameter_source(p).name not in ("DEFAULT", "DEFAULT_MAP")]
         if given:
             flags = ", ".join(_MODEL_ONLY[p] for p in given)
-            raise ConfigError(f"{target_or_model} is an OUTDIR, already converted with the "
-                              f"settings in its report.json; {flags}: only when benching a "
-                              f"model (e.g. amp bench model.onnx --target llvm)")
+            raise click.UsageError(f"{target_or_model} is an OUTDIR, already converted with the "
+                                   f"settings in its report.json; {flags}: only when benching "
+                                   f"a model (e.g. amp bench model.onnx --target llvm)")
     else:
         convert_cfg = build_config(target, precision, accumulate, config_file, input_shapes,
                                    keep_io_types, exclude_ops, exclude_nodes, tuning_db,

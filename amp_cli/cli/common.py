@@ -10,8 +10,14 @@ import traceback
 
 import click
 
-from ..config import (ConvertConfig, apply_yaml, parse_input_shape, parse_tolerance, read_yaml,
-                      validate)
+from ..config import (
+    ConvertConfig,
+    apply_yaml,
+    parse_input_shape,
+    parse_tolerance,
+    read_yaml,
+    validate,
+)
 from ..errors import EXIT_ERROR, EXIT_INTERRUPTED, AmpError
 
 EPILOG = """\b

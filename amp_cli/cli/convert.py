@@ -3,8 +3,20 @@ from __future__ import annotations
 
 import click
 
-from .common import (EPILOG, apply_auto_precision, auto_precision_options, build_config,
-                     convert_options, cuda_graph_option, debug_option, progress_bar)
+from ..convert import check_outdir
+from ..convert import convert as api_convert
+from ..frontend import load as api_load
+from ..precision.auto import summary_text
+from .common import (
+    EPILOG,
+    apply_auto_precision,
+    auto_precision_options,
+    build_config,
+    convert_options,
+    cuda_graph_option,
+    debug_option,
+    progress_bar,
+)
 
 
 @click.command(epilog=EPILOG)
@@ -33,10 +45,6 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
     on seeded random inputs; on a machine without a GPU a CUDA build is checked
     through a CPU build of the same converted module.
     """
-    from ..convert import check_outdir
-    from ..convert import convert as api_convert
-    from ..frontend import load as api_load
-
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
                        exclude_ops, exclude_nodes, tuning_db, cuda_graph)
     cfg.check_accuracy = not no_accuracy
@@ -74,8 +82,6 @@ def summary_line(report: dict, out) -> str:
                      f"{w['nonfinite_share']:.3g}"
                      + ("" if a.get("within_tolerance") else "  (ABOVE TOLERANCE)"))
     if report.get("auto_precision"):
-        from ..precision.auto import summary_text
-
         parts.append("  " + summary_text(report["auto_precision"]))
     for n in report.get("notes", []):
         parts.append(f"  note: {n}")

@@ -6,8 +6,18 @@ import json
 
 import click
 
-from .common import (EPILOG, debug_option, apply_auto_precision, auto_precision_options,
-                  build_config, convert_options)
+from ..frontend import load as api_load
+from ..precision.auto import inspect_model
+from ..precision.sensitivity import render_markdown_section
+from ..report import clean_json
+from .common import (
+    EPILOG,
+    apply_auto_precision,
+    auto_precision_options,
+    build_config,
+    convert_options,
+    debug_option,
+)
 
 
 @click.command(epilog=EPILOG)
@@ -31,11 +41,6 @@ def inspect(model, target, precision, accumulate, config_file, input_shapes, kee
     Example:
       amp inspect model.onnx --target llvm --tolerance rel_l2=1e-3
     """
-    from ..frontend import load as api_load
-    from ..precision.auto import inspect_model
-    from ..precision.sensitivity import render_markdown_section
-    from ..report import clean_json
-
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
                        exclude_ops, exclude_nodes)
     apply_auto_precision(cfg, **auto_opts)

@@ -1,10 +1,12 @@
 """`amp tune`: MetaSchedule tuning of a converted model into a resumable records directory."""
 from __future__ import annotations
 
-
 import click
 
-from .common import EPILOG, debug_option, build_config, convert_options
+from ..frontend import load as api_load
+from ..tuning import TuneConfig, parse_duration
+from ..tuning import tune as api_tune
+from .common import EPILOG, build_config, convert_options, debug_option
 from .progress import TuneBar
 
 STRATEGY_HELP = (
@@ -65,10 +67,6 @@ def tune(model, db_dir, target, precision, accumulate, config_file, input_shapes
     readable and loses at most the candidates in flight. Apply the records with:
       amp convert MODEL -o out/ --target T --tuning-db DB
     """
-    from ..frontend import load as api_load
-    from ..tuning import TuneConfig, parse_duration
-    from ..tuning import tune as api_tune
-
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
                        exclude_ops, exclude_nodes)
     tcfg = TuneConfig(db_dir=db_dir, trials=trials, strategy=strategy, cost_model=cost_model,

@@ -317,6 +317,7 @@ def convert_precision(mod, cfg: PrecisionConfig, node_types: dict[str, str] | No
     if cfg.precision == "fp32":
         rep = PrecisionReport(dtype="float32", accumulate="float32", note="fp32: no conversion")
         rep.ops_by_dtype = dict(count_ops(mod))
+        rep.op_dtypes = op_dtype_table(mod)
         rep.total_ops = sum(rep.ops_by_dtype.values())
         return mod, rep
     conv = Converter(cfg, node_types)
@@ -331,6 +332,7 @@ def convert_precision(mod, cfg: PrecisionConfig, node_types: dict[str, str] | No
                               note=f"model has control flow ({exc}): used TVM's "
                                    f"ToMixedPrecision; per-node policy not applied")
         rep.ops_by_dtype = dict(count_ops(out))
+        rep.op_dtypes = op_dtype_table(out)
         return out, rep
     new_mod = tvm.IRModule({**{gv.name_hint: mod[gv] for gv in mod.get_global_vars()
                                if gv.name_hint != "main"}, "main": new_main})
@@ -338,20 +340,38 @@ def convert_precision(mod, cfg: PrecisionConfig, node_types: dict[str, str] | No
     new_mod = relax.transform.FoldConstant()(new_mod)
     rep = conv.report
     rep.ops_by_dtype = dict(count_ops(new_mod))
+    rep.op_dtypes = op_dtype_table(new_mod)
     return new_mod, rep
 
 
 def count_ops(mod) -> Counter:
-    """'op:dtype' -> count over main's bindings (astype counted as casts)."""
+    """'op:output dtype' -> count over main's bindings (astype counted as casts)."""
+    counts = Counter()
+    for (op, _inputs, output), n in _op_dtypes(mod).items():
+        counts[f"{op}:{output}"] += n
+    return counts
+
+
+def op_dtype_table(mod) -> list[dict]:
+    """One row per (op, float input dtypes, output dtype) of main's op calls, with its count:
+    a conv reading fp16 and accumulating into fp32 is ``nn.conv2d float16 -> float32``."""
+    return [{"op": op, "inputs": inputs, "output": output, "count": n}
+            for (op, inputs, output), n in sorted(_op_dtypes(mod).items())]
+
+
+def _op_dtypes(mod) -> Counter:
     tvm = tvm_compat.tvm()
     relax = tvm.relax
     counts = Counter()
-    body = mod["main"].body
-    for block in body.blocks:
+    for block in mod["main"].body.blocks:
         for b in block.bindings:
             v = b.value
-            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op):
-                ty = b.var.ty
-                dt = str(ty.dtype) if hasattr(ty, "dtype") else "tuple"
-                counts[f"{short_name(v.op.name)}:{dt}"] += 1
+            if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
+                continue
+            leaves = [f for a in v.args for f in (a.fields if isinstance(a, relax.Tuple)
+                                                  else [a])]
+            inputs = sorted({d for d in map(tensor_dtype, leaves) if d in FLOAT_TYPES})
+            ty = b.var.ty
+            output = str(ty.dtype) if hasattr(ty, "dtype") else "tuple"
+            counts[(short_name(v.op.name), ",".join(inputs) or "-", output)] += 1
     return counts

@@ -32,7 +32,8 @@ class ConstantIssue:
 class PrecisionReport:
     dtype: str
     accumulate: str
-    ops_by_dtype: dict = field(default_factory=dict)  # "op:dtype" -> count
+    ops_by_dtype: dict = field(default_factory=dict)  # "op:output dtype" -> count
+    op_dtypes: list = field(default_factory=list)  # {op, inputs, output, count} per kind
     casts_inserted: int = 0
     kept_fp32: list = field(default_factory=list)  # KeptNode
     constants: list = field(default_factory=list)  # ConstantIssue

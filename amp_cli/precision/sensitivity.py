@@ -18,7 +18,7 @@ Two ONNX Runtime sessions, each run once per calibration input set:
 
 Graph optimizations are disabled for the emulation session, so ORT cannot drop the
 round-trip casts. The error numbers are estimates; amp's search confirms every decision with
-real builds (``amp_cli.autoprecision``).
+real builds (``amp_cli.precision.auto``).
 
 >>> from amp_cli.sensitivity import analyze, calibration_inputs           # doctest: +SKIP
 >>> a = analyze(model, "float16", calibration_inputs(model, cfg.auto_precision)[:2])

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default="llvm", help="amp's --target [default: llvm]")
     r.add_argument("--precision", default="fp16", help="comma-separated, e.g. fp16,bf16 "
                    "[default: fp16]")
-    r.add_argument("--only", help="comma-separated model names")
+    r.add_argument("--only", help="comma-separated model names, or NAME.EXPORTER for one "
+                   "exporter's file (gpt2.dynamo, vit_b_16.legacy)")
     r.add_argument("--timeout", type=float, default=900, help="seconds per conversion "
                    "[default: 900]")
     r.add_argument("--json", type=Path, help="write all rows here (updated after each row)")

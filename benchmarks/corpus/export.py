@@ -260,6 +260,22 @@ def collect_versions() -> dict:
     return out
 
 
+def merge_entries(old: list[dict], new: list[dict]) -> list[dict]:
+    """`old` with each re-exported model's entries replaced by `new`'s, in place; models new
+    to the manifest go last (re-exporting a few models keeps the others' entries)."""
+    fresh: dict[str, list[dict]] = {}
+    for m in new:
+        fresh.setdefault(m["name"], []).append(m)
+    renewed = {m["name"] for m in new}
+    merged = []
+    for m in old:
+        if m["name"] in fresh:
+            merged += fresh.pop(m["name"])
+        elif m["name"] not in renewed:
+            merged.append(m)
+    return merged + [m for ms in fresh.values() for m in ms]
+
+
 def export_corpus(outdir: Path, only: set[str] | None, scale: str, batch: int,
                   exporters: list[str], seed: int, log=print) -> dict:
     """Export every selected model into `outdir` and write `outdir/manifest.json`."""
@@ -286,7 +302,6 @@ def export_corpus(outdir: Path, only: set[str] | None, scale: str, batch: int,
     path = outdir / "manifest.json"
     old = json.loads(path.read_text()) if only and path.is_file() else {}
     if all(old.get(k) == manifest[k] for k in ("seed", "scale", "batch")):
-        # re-exporting a few models at the same settings keeps the others' entries
-        manifest["models"] = [m for m in old["models"] if m["name"] not in only] + models
+        manifest["models"] = merge_entries(old["models"], models)
     path.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest

@@ -160,7 +160,7 @@ def run_corpus(outdir: Path, target: str, precisions: list[str], only: set[str] 
     log(" ".join(format_cell(k, w) for k, w in COLUMNS))
     rows = []
     for entry in manifest["models"]:
-        if only and entry["name"] not in only:
+        if only and not {entry["name"], f"{entry['name']}.{entry['exporter']}"} & only:
             continue
         if not entry.get("file"):
             rows.append({"name": entry["name"], "exporter": entry["exporter"], "rc": None,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from .... import tvm_compat
 from ....hardware import arch_sm, sm_count
-from ....ir_attrs import HOPPER_TILE, IS_SCHEDULED, TIRX_KERNEL
+from ....ir_attrs import HOPPER_TILE, IS_SCHEDULED, OP_PATTERN, TIRX_KERNEL
 from ..functions import replace_functions
 from ..registry import register
 
@@ -471,7 +471,7 @@ def hopper_func(func, sms: int = HOPPER_SMS):
     attrs = dict(func.attrs.items()) if func.attrs else {}
     attrs.update({TIRX_KERNEL: True, IS_SCHEDULED: True,
                   HOPPER_TILE: f"128x{p.bn}x{BK}s{p.stages}"})
-    attrs.pop("op_pattern", None)
+    attrs.pop(OP_PATTERN, None)
     return T.PrimFunc(params, kernel.body).with_attrs(attrs)
 
 

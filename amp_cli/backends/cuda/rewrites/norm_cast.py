@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from .... import tvm_compat
 from ....dtypes import LOW_TYPES
+from ....ir_attrs import IS_SCHEDULED, OP_PATTERN
 from ..registry import register
 from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
 
@@ -138,7 +139,7 @@ def norm_cast_func(shape, epsilon: float, in_dtype: str = "float32",
     threads, vec = plan_threads(int(shape[-1]))
     func = schedule_norm_cast(norm_cast_compute(shape, epsilon, in_dtype, low_dtype),
                               threads, vec)
-    return func.with_attr("tirx.is_scheduled", True).with_attr("op_pattern", OPAQUE)
+    return func.with_attr(IS_SCHEDULED, True).with_attr(OP_PATTERN, OPAQUE)
 
 
 def _bindings(mod) -> tuple[dict, dict]:

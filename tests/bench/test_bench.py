@@ -183,14 +183,17 @@ def test_cuda_model_without_gpu_suggests_llvm(cnn):
 
 
 def test_usage_errors(outdir):
+    # the README's table: a bad option or argument is a usage error, exit 2
     res = _invoke(["bench", str(outdir), "--precision", "fp32"])
-    assert res.exit_code == 1 and "OUTDIR" in res.stderr and "--precision" in res.stderr
+    assert res.exit_code == 2 and "OUTDIR" in res.stderr and "--precision" in res.stderr
     res = _invoke(["bench", str(outdir), "--compare", "fp32,tensorrt"])
     assert res.exit_code == 2 and "tensorrt" in res.stderr
     res = _invoke(["bench", str(outdir), "--repeat", "0"])
     assert res.exit_code == 2
-    res = _invoke(["bench", str(outdir), "--max-rel-error", "-1"])
-    assert res.exit_code == 1 and "--max-rel-error" in res.stderr
+    for gate in ("--max-rel-error", "--max-latency-ratio"):
+        for value in ("-1", "0"):
+            res = _invoke(["bench", str(outdir), gate, value])
+            assert res.exit_code == 2 and gate in res.stderr, (gate, value, res.stderr)
 
 
 def test_plot(outdir, tmp_path):

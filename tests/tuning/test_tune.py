@@ -289,7 +289,7 @@ def test_database_with_tensor_core_records_opens_in_a_fresh_process(tmp_path):
     code = ("import sys; from amp_cli.compile.records import open_database; "
             "print('records', len(open_database(sys.argv[1])))")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
-                          text=True, timeout=300, cwd=str(Path(__file__).parent.parent))
+                          text=True, timeout=300, cwd=str(Path(__file__).resolve().parents[2]))
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert "records 1" in proc.stdout
 
@@ -369,7 +369,7 @@ def test_progress_callback_unpickles_in_a_fresh_interpreter():
         bar.close()
     code = "import pickle, sys; f = pickle.loads(sys.stdin.buffer.read()); print(callable(f))"
     proc = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True,
-                          timeout=120, cwd=str(Path(__file__).parent.parent))
+                          timeout=120, cwd=str(Path(__file__).resolve().parents[2]))
     assert proc.returncode == 0, proc.stderr.decode()[-1500:]
     assert proc.stdout.decode().strip() == "True"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _blocks(lang: str) -> list[str]:
@@ -53,3 +53,16 @@ def test_readme_yaml_examples_parse(tmp_path):
         path = tmp_path / f"example{i}.yaml"
         path.write_text(text)
         apply_yaml(ConvertConfig(), read_yaml(path), str(path))  # raises on an unknown key
+
+
+def test_example_config_is_valid_and_complete():
+    """configs/example.yaml parses and shows every CUDA switch with its default."""
+    import dataclasses
+
+    from amp_cli.config import ConvertConfig, CudaConfig, apply_yaml, read_yaml
+
+    path = README.parent / "configs" / "example.yaml"
+    data = read_yaml(path)
+    cfg = apply_yaml(ConvertConfig(), data, str(path))
+    assert set(data["cuda"]) == {f.name for f in dataclasses.fields(CudaConfig)}
+    assert cfg.cuda == CudaConfig()

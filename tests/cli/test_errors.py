@@ -356,7 +356,13 @@ def test_interrupt_swallowed_by_tvm_still_exits_130(cli, tiny_onnx, tmp_path, mo
 
     monkeypatch.setattr(convert_mod, "convert_precision", like_tvm)
     out = tmp_path / "out"
-    res = cli("convert", tiny_onnx, "-o", out, "--target", "llvm", *SHAPE)
+    # as in an interactive shell, whatever this test process inherited (a background job of a
+    # non-interactive shell starts with SIGINT ignored, and then so would amp)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        res = cli("convert", tiny_onnx, "-o", out, "--target", "llvm", *SHAPE)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert res.exit_code == 130 and res.stderr.strip() == "amp: interrupted", res.output
     assert_no_debris(out)
 
@@ -462,6 +468,13 @@ def _sandbox_child(pid: int) -> int | None:
     return None
 
 
+def _default_signals():
+    """In the child: SIGINT and SIGTERM as in an interactive shell (the test may run where they
+    are ignored, e.g. as a background job of a non-interactive shell)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig,code,message", [(signal.SIGINT, 130, "amp: interrupted"),
                                               (signal.SIGTERM, 143, "amp: terminated (SIGTERM)")])
 def test_signal_during_build(tmp_path, clean_tmp, sig, code, message):
@@ -474,7 +487,7 @@ def test_signal_during_build(tmp_path, clean_tmp, sig, code, message):
     out = tmp_path / "out"
     proc = subprocess.Popen([AMP, "convert", str(model), "-o", str(out), "--target", "cuda:sm_90"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=amp_env(TMPDIR=clean_tmp))
+                            env=amp_env(TMPDIR=clean_tmp), preexec_fn=_default_signals)
     child, deadline = None, time.monotonic() + 120
     while child is None and proc.poll() is None and time.monotonic() < deadline:
         child = _sandbox_child(proc.pid)
