@@ -7,11 +7,13 @@ from . import tvm_compat
 from .errors import InputError
 from .frontend import InputSpec
 
-INT_INPUT_RANGE = (0, 16)  # token ids and indices: small, valid for any vocabulary >= 16
+INT_INPUT_RANGE = (0, 16)  # ints whose use is unknown: small, valid for any vocabulary >= 16
 
 
 def random_inputs(specs: list[InputSpec], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs: floats ~ N(0, 1) (never all zero), ints in [0, 16), bools random."""
+    """Seeded random inputs: floats ~ N(0, 1) (never all zero), bools random, ints as the
+    graph uses them (``InputSpec.values``): indices in [0, rows), masks as padding masks (each
+    row ones, then zeros, at least one one), else in [0, 16)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for s in specs:
@@ -21,9 +23,24 @@ def random_inputs(specs: list[InputSpec], seed: int = 0) -> dict[str, np.ndarray
             feeds[s.name] = arr.astype(s.dtype) if s.dtype != "bfloat16" else arr
         elif s.dtype == "bool":
             feeds[s.name] = rng.integers(0, 2, shape).astype(bool)
+        elif s.values and s.values[0] == "mask":
+            feeds[s.name] = padding_mask(rng, shape).astype(s.dtype)
+        elif s.values and s.values[0] == "index":
+            feeds[s.name] = rng.integers(0, max(1, int(s.values[1])), shape).astype(s.dtype)
         else:
             feeds[s.name] = rng.integers(*INT_INPUT_RANGE, shape).astype(s.dtype)
     return feeds
+
+
+def padding_mask(rng, shape: tuple) -> np.ndarray:
+    """0/1 of ``shape``: along the last axis each row is ones then zeros, with a random number
+    (at least one) of ones, as a tokenizer pads a batch."""
+    if len(shape) < 2:
+        return np.ones(shape, np.int64)
+    rows = int(np.prod(shape[:-1]))
+    keep = rng.integers(1, shape[-1] + 1, rows)
+    mask = np.arange(shape[-1])[None, :] < keep[:, None]
+    return mask.reshape(shape).astype(np.int64)
 
 
 def load_inputs(path: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:

@@ -46,7 +46,8 @@ class GraphBuilder:
         import onnx
         from onnx import TensorProto, helper
 
-        types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}
+        types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64,
+                 "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
         g = helper.make_graph(
             self.nodes, graph_name,
             [helper.make_tensor_value_info(n, types[t], s) for n, s, t in inputs],

@@ -167,6 +167,21 @@ def registered_mixed_precision_policy(op_name: str) -> int | None:
     return None if kind is None else int(kind)
 
 
+def substitute_vars(expr, mapping: dict):
+    """``expr`` (a Relax expression) with the variables in ``mapping`` replaced."""
+    relax = tvm().relax
+
+    @relax.expr_functor.mutator
+    class _Substitute(relax.PyExprMutator):
+        def visit_var_(self, var):  # noqa: N802 - TVM visitor naming
+            return mapping.get(var, var)
+
+        def visit_dataflow_var_(self, var):  # noqa: N802
+            return mapping.get(var, var)
+
+    return _Substitute().visit_expr(expr)
+
+
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None):
     tvm()
     from tvm.relax.frontend.onnx import from_onnx as _from_onnx

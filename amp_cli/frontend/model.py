@@ -19,13 +19,19 @@ class InputSpec:
     name: str
     shape: list  # ints once bound; str/None for symbolic dims
     dtype: str
+    # valid values of an integer input, from the graph (input_values.py): ("index", rows) or
+    # ("mask",); None: no constraint known
+    values: tuple | None = None
 
     @property
     def is_static(self) -> bool:
         return all(isinstance(d, int) and d > 0 for d in self.shape)
 
     def to_dict(self):
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.values:
+            d["values"] = list(self.values)
+        return d
 
 
 @dataclass

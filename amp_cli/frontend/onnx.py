@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import tvm_compat
 from ..errors import InputError, ModelLoadError, UnsupportedOpError
 from ..sandbox import error_line
+from .input_values import infer_input_values
 from .model import ONNX_DTYPES, InputSpec, LoadedModel, bind_input_shapes
 
 
@@ -69,6 +70,9 @@ def load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
         msg = error_line(str(exc)) if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{path}: TVM's ONNX importer failed{where}: {msg[:300]}") from exc
     outputs = [o.name for o in model.graph.output]
+    ints = [s.name for s in specs if s.dtype.startswith(("int", "uint"))]
+    for name, values in infer_input_values(model, ints).items():
+        next(s for s in specs if s.name == name).values = values
     return LoadedModel(str(path), "onnx", mod, specs, outputs, node_types, onnx_model=model,
                        notes=notes)
 

@@ -41,7 +41,8 @@ from ..config import ConvertConfig, PrecisionConfig
 from ..errors import AmpError
 from ..ir_attrs import ONNX_NODE_PREFIX
 from ..target import cpu_target, resolve_target
-from .convert import Converter, convert_precision, tensor_dtype
+from .convert import (Converter, convert_precision, prepare_module, tensor_dtype,
+                      with_main)
 from .fallback import to_bf16_fallback
 from .policy import resolve_config
 from .sensitivity import SensitivityAnalysis, analyze, calibration_inputs
@@ -359,6 +360,9 @@ def auto_precision(model, cfg: ConvertConfig, progress: Progress | None = None,
     return result
 
 
+_PREPARED: dict = {}  # id(model.mod) -> (model.mod, prepare_module(model.mod))
+
+
 def _quick_convert(model, prec: PrecisionConfig, exclude=None):
     """amp's precision pass without its closing DeadCodeElimination/FoldConstant (FoldConstant
     compiles a kernel per folded constant: seconds): enough to see each node's mode and the
@@ -366,14 +370,13 @@ def _quick_convert(model, prec: PrecisionConfig, exclude=None):
     p = copy.deepcopy(prec)
     if exclude is not None:
         p.policy.exclude_nodes = list(dict.fromkeys(exclude))
-    tvm = tvm_compat.tvm()
-    mod = tvm.relax.transform.DecomposeOpsForInference()(model.mod)
+    key = id(model.mod)
+    if key not in _PREPARED:  # one FoldConstant per model, not one per variant
+        _PREPARED.clear()
+        _PREPARED[key] = (model.mod, prepare_module(model.mod))  # holding mod keeps id stable
     conv = Converter(p, model.node_types)
-    try:
-        main = conv.convert_function(mod["main"])
-    except Exception:  # noqa: BLE001 - control flow: the real pass knows what to do
-        return convert_precision(model.mod, p, model.node_types)
-    return tvm.IRModule({"main": main}), conv.report
+    prepared = _PREPARED[key][1]
+    return with_main(prepared, conv.convert_function(prepared["main"])), conv.report
 
 
 def _variant_mod(model, prec, exclude):

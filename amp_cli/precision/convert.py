@@ -7,14 +7,27 @@ TVM's registered ``TMixedPrecisionPolicy`` as the fallback) and adds:
 - bf16 as a real target type;
 - per-node and per-op exclusions (ONNX node names survive import as Relax var names);
 - constants checked against the target type's range: an op whose constant does not fit (a bias of
-  70000 in fp16) stays in fp32 and the report says so; only tiny underflows are flushed (counted);
+  70000 in fp16) stays in fp32 and the report says so; only tiny underflows are flushed
+  (counted). Masking sentinels are the exception (below);
 - a record of every decision (ops by dtype, casts inserted, nodes kept in fp32 and why).
 
-Semantics per binding ``v = op(args)``:
-  always -> float args cast to the low type, output in the accumulate type (fp32 by default);
-  follow -> low type when every float tensor arg is already low (or an always-op output meant to
-            be narrowed, or a constant that fits), else fp32;
-  never  -> every arg back in its original type.
+Semantics per binding ``v = op(args)``, over every tensor *leaf* of the arguments (a tuple
+argument -- concat's, stack's, call_tir's -- is its fields):
+  always -> float leaves cast to the low type, output in the accumulate type (fp32 by default);
+  follow -> low type when every float leaf is already low (or an always-op output meant to be
+            narrowed, or a constant that fits), else fp32; so a tuple gets one dtype;
+  never  -> every leaf back in the dtype it had. Ops with no policy (``call_tir``,
+            ``call_dps_packed``, ops TVM registers nothing for) are "never": they see exactly
+            the types the importer gave them, and keep their output type arguments.
+Values that are not calls (``If``, inner functions, nested blocks) stay as imported, in fp32:
+the variables they read from outside are cast back to their original dtypes first.
+
+Masking sentinels. A finite constant of magnitude >= ``MASK_MAGNITUDE`` (``finfo(fp32).min``,
+-1e9, -1e30 ...) feeding an additive, select or clamp op (``MASK_OPS``) is a mask, not a value:
+it becomes the low type's largest finite value of the same sign (fp16: -65504), which keeps its
+meaning (exp(-65504 - max) is 0 in fp32) where a cast would make it -inf (and 0 * -inf = NaN).
+The report lists each such constant (action ``saturated-mask``). Any other out-of-range constant
+keeps its op in fp32: values that matter are never clamped.
 """
 from __future__ import annotations
 
@@ -25,7 +38,6 @@ import numpy as np
 from .. import tvm_compat
 from ..config import PrecisionConfig
 from ..dtypes import FLOAT_TYPES, np_to_dtype, type_range
-from ..errors import AmpError
 from ..ir_attrs import ONNX_NODE_PREFIX
 from .policy import OpPolicy, short_name
 from .records import ConstantIssue, KeptNode, PrecisionReport
@@ -35,6 +47,10 @@ OUT_DTYPE_OPS = {
     "relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d",
     "relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose",
 }
+# Ops through which a huge constant acts as a mask or a clamp bound (see the module docstring).
+MASK_OPS = {"relax.add", "relax.subtract", "relax.multiply", "relax.where", "relax.maximum",
+            "relax.minimum", "relax.clip"}
+MASK_MAGNITUDE = 1e8  # far beyond any activation; finfo(fp32).min, -1e9, -1e30 qualify
 
 
 def call_with_out_dtype(call, args, dtype: str):
@@ -46,14 +62,33 @@ def call_with_out_dtype(call, args, dtype: str):
                         "out_dtype")}
     new_attrs = tvm.ir.make_node("relax.attrs." + type(attrs).__name__, out_dtype=dtype,
                                  **fields)
-    return tvm.relax.Call(call.op, args, new_attrs, getattr(call, "sinfo_args", None))
+    return tvm.relax.Call(call.op, args, new_attrs, call.ty_args, call.span)
+
+
+def with_args(call, args):
+    """``call`` on ``args``, everything else kept: op, attrs, output type arguments (call_tir's
+    output type lives there) and span."""
+    return tvm_compat.relax().Call(call.op, args, call.attrs, call.ty_args, call.span)
 
 
 def tensor_dtype(expr) -> str | None:
     """The dtype of a tensor-typed Relax expression, None for anything else."""
-    ty = getattr(expr, "ty", None)
-    return str(ty.dtype) if ty is not None and hasattr(ty, "dtype") and hasattr(ty, "ndim") \
-        and type(ty).__name__ == "TensorType" else None
+    return _type_dtype(getattr(expr, "ty", None))
+
+
+def _type_dtype(ty) -> str | None:
+    return str(ty.dtype) if ty is not None and type(ty).__name__ == "TensorType" else None
+
+
+def _is_tuple_type(ty) -> bool:
+    return ty is not None and type(ty).__name__ == "TupleType"
+
+
+def _leaf_dtypes(ty) -> list:
+    """The dtypes of the tensor leaves of a (possibly nested tuple) type, None for non-tensors."""
+    if _is_tuple_type(ty):
+        return [d for f in ty.fields for d in _leaf_dtypes(f)]
+    return [_type_dtype(ty)]
 
 
 class Converter:
@@ -71,27 +106,27 @@ class Converter:
         rng = type_range(self.low)
         self.max_val, self.min_sub = rng.max, rng.smallest_subnormal
         self.report = PrecisionReport(dtype=self.low, accumulate=self.acc)
-        self.ops = Counter()
         self.remap = {}  # old var -> new expr
-        self.orig_dtype = {}  # new var -> dtype the old var had
         self.widen = set()  # new vars (fp32) produced by always-ops, to be narrowed downstream
+        self.saturate = {}  # id(constant) -> constant: masking sentinels to saturate on cast
         self.cast_cache = {}
         self.const_cache = {}
-        self.seen_nodes = set()
 
-    # -- helpers -------------------------------------------------------------------------
     tensor_dtype = staticmethod(tensor_dtype)
 
+    # -- constants -----------------------------------------------------------------------
     def is_const(self, expr) -> bool:
         return isinstance(expr, self.tvm.ir.expr.Constant)
 
-    def const_fits(self, expr) -> tuple[bool, float]:
+    def const_range(self, expr) -> tuple[bool, float, bool]:
+        """(fits the low type, largest finite |value|, every out-of-range value a sentinel)."""
         arr = expr.value.numpy()
         if arr.dtype.kind != "f" or arr.size == 0:
-            return True, 0.0
-        finite = arr[np.isfinite(arr)]
-        max_abs = float(np.max(np.abs(finite))) if finite.size else 0.0
-        return max_abs <= self.max_val, max_abs
+            return True, 0.0, False
+        finite = np.abs(arr[np.isfinite(arr)].astype(np.float64))
+        max_abs = float(finite.max()) if finite.size else 0.0
+        over = finite[finite > self.max_val]
+        return not over.size, max_abs, bool(over.size) and bool(over.min() >= MASK_MAGNITUDE)
 
     def cast(self, bb, expr, dtype: str):
         src = self.tensor_dtype(expr)
@@ -104,9 +139,11 @@ class Converter:
             arr = expr.value.numpy()
             if dtype in ("float16", "bfloat16"):
                 tiny = (arr != 0) & np.isfinite(arr) & (np.abs(arr) < self.min_sub / 2)
-                n_tiny = int(np.count_nonzero(tiny))
-                if n_tiny:
-                    self.report.underflow_flushed += n_tiny
+                self.report.underflow_flushed += int(np.count_nonzero(tiny))
+                if id(expr) in self.saturate:
+                    limit = type_range(dtype).max
+                    big = np.isfinite(arr) & (np.abs(arr) > limit)
+                    arr = np.where(big, np.sign(arr) * limit, arr).astype(arr.dtype)
             new = self.relax.const(np_to_dtype(arr, dtype), dtype)
             self.const_cache[(id(expr), dtype)] = (expr, new)  # holding expr keeps id stable
             return new
@@ -117,73 +154,118 @@ class Converter:
             self.report.casts_inserted += 1
         return hit
 
-    def restore(self, bb, old, new):
-        """`new` converted back to the dtype `old` had."""
-        want = self.tensor_dtype(old)
-        if want is None:
-            return new
-        return self.cast(bb, new, want)
+    # -- tensor leaves of (tuple) arguments ------------------------------------------------
+    def leaves(self, expr) -> list:
+        """(leaf expression or None, dtype) of every tensor leaf of ``expr``; the expression is
+        None for a field of a tuple-typed variable (only its type is at hand)."""
+        if isinstance(expr, self.relax.Tuple):
+            return [leaf for f in expr.fields for leaf in self.leaves(f)]
+        ty = getattr(expr, "ty", None)
+        if _is_tuple_type(ty):
+            return [(None, d) for d in _leaf_dtypes(ty) if d is not None]
+        dt = _type_dtype(ty)
+        return [(expr, dt)] if dt is not None else []
 
-    def low_eligible(self, expr) -> bool:
-        dt = self.tensor_dtype(expr)
-        if dt is None or dt not in FLOAT_TYPES:
+    def coerce(self, bb, new, old_ty, target):
+        """``new`` with each tensor leaf cast to ``target(dtype the leaf had)`` (None: left as
+        it is); tuples are rebuilt field by field (tuple variables through TupleGetItem)."""
+        relax = self.relax
+        if _is_tuple_type(old_ty):
+            fields = list(old_ty.fields)
+            if isinstance(new, relax.Tuple):
+                items = list(new.fields)
+            else:
+                have, want = _leaf_dtypes(new.ty), [target(d) if d else None
+                                                     for d in _leaf_dtypes(old_ty)]
+                if all(w is None or w == h for h, w in zip(have, want)):
+                    return new
+                items = [bb.emit(relax.TupleGetItem(new, i)) for i in range(len(fields))]
+            return relax.Tuple([self.coerce(bb, it, ft, target) for it, ft in zip(items, fields)])
+        old = _type_dtype(old_ty)
+        want = target(old) if old is not None else None
+        return self.cast(bb, new, want) if want else new
+
+    def to_low(self, bb, old, new):
+        """``new`` (the remapped ``old``) with every float leaf in the low type."""
+        return self.coerce(bb, new, old.ty, lambda d: self.low if d in FLOAT_TYPES else None)
+
+    def restore(self, bb, old, new):
+        """``new`` (the remapped ``old``) with every leaf back in the dtype ``old`` had."""
+        return self.coerce(bb, new, getattr(old, "ty", None), lambda d: d)
+
+    def low_eligible(self, expr, dtype) -> bool:
+        """Whether a leaf lets a follow-op run low: already low, an always-op's output meant
+        to be narrowed, or a constant (their range is :meth:`check_constants`' business)."""
+        if dtype not in FLOAT_TYPES or dtype == self.low:
             return True  # ints, shapes, bools do not decide precision
-        if dt == self.low or expr in self.widen:
-            return True
-        return self.is_const(expr) and self.const_fits(expr)[0]
+        return expr is not None and (expr in self.widen or self.is_const(expr))
 
     # -- one binding ---------------------------------------------------------------------
     def convert_call(self, bb, node: str, call):
-        relax = self.relax
         new_args = [self.remap_expr(a) for a in call.args]
-        op = call.op
-        if not isinstance(op, self.tvm.ir.Op):
-            # call_tir, packed functions, sub-functions: original types in, untouched.
+        if not isinstance(call.op, self.tvm.ir.Op):
+            # calls of GlobalVars / packed functions: the types the callee was built for
             args = [self.restore(bb, o, n) for o, n in zip(call.args, new_args)]
-            return relax.Call(op, args, call.attrs, getattr(call, "sinfo_args", None)), "fp32"
-        name = op.name
-        float_args = [(o, n) for o, n in zip(call.args, new_args)
-                      if self.tensor_dtype(o) in FLOAT_TYPES]
-        mode = self.policy.mode_of(name)
-        reason = "policy"
+            self.keep(node, "call", "opaque-call")
+            return with_args(call, args), "fp32"
+        name = call.op.name
+        if name == "relax.astype":
+            # The model's own cast: keep its output type, read whichever input is at hand.
+            return with_args(call, new_args), "keep"
+        float_leaves = [(e, d) for n in new_args for e, d in self.leaves(n) if d in FLOAT_TYPES]
+        if not float_leaves:
+            return with_args(call, new_args), "keep"
+        mode, reason = self.policy.mode_of(name)
         ex = self.policy.exclusion(node, name)
         if ex:
             mode, reason = "never", ex
-        if name == "relax.astype":
-            # The model's own cast: keep its output type, read whichever input is at hand.
-            return relax.Call(op, new_args, call.attrs), "keep"
-        if not float_args:
-            return relax.Call(op, new_args, call.attrs, getattr(call, "sinfo_args", None)), "keep"
-        if mode != "never" and self.cfg.precision != "fp32":
-            for o, n in float_args:
-                if self.is_const(n):
-                    fits, max_abs = self.const_fits(n)
-                    if not fits:
-                        self.report.constants.append(ConstantIssue(
-                            node=node, op=short_name(name), max_abs=max_abs, limit=self.max_val,
-                            action="kept-fp32"))
-                        mode, reason = "never", "constant-range"
-                        break
+        if mode == "follow" and not all(self.low_eligible(e, d) for e, d in float_leaves):
+            mode, reason = "never", "fp32-input"
+        if mode != "never" or reason == "fp32-input":
+            mode, reason = self.check_constants(node, name, float_leaves, mode, reason)
         explicit = getattr(call.attrs, "out_dtype", None) if call.attrs is not None else None
         explicit = str(explicit) if explicit not in (None, "") and str(explicit) not in (
             "void", "") else None
-        if mode == "follow" and not all(self.low_eligible(n) for _, n in float_args):
-            mode, reason = "never", "fp32-input"
-        if self.cfg.precision == "fp32":
-            mode = "never"
         if mode == "always" and name in OUT_DTYPE_OPS:
-            args = [self.cast(bb, n, self.low) if self.tensor_dtype(o) in FLOAT_TYPES else n
-                    for o, n in zip(call.args, new_args)]
-            out = self.acc if explicit is None else explicit
-            return call_with_out_dtype(call, args, out), "always"
+            args = [self.to_low(bb, o, n) for o, n in zip(call.args, new_args)]
+            return call_with_out_dtype(call, args, self.acc if explicit is None else explicit), \
+                "always"
         if mode in ("always", "follow") and explicit is None:
-            args = [self.cast(bb, n, self.low) if self.tensor_dtype(o) in FLOAT_TYPES else n
-                    for o, n in zip(call.args, new_args)]
-            return relax.Call(op, args, call.attrs, getattr(call, "sinfo_args", None)), mode
+            args = [self.to_low(bb, o, n) for o, n in zip(call.args, new_args)]
+            return with_args(call, args), mode
         args = [self.restore(bb, o, n) for o, n in zip(call.args, new_args)]
-        if self.cfg.precision != "fp32":
-            self.report.kept_fp32.append(KeptNode(node=node, op=short_name(name), reason=reason))
-        return relax.Call(op, args, call.attrs, getattr(call, "sinfo_args", None)), "fp32"
+        self.keep(node, short_name(name), reason)
+        return with_args(call, args), "fp32"
+
+    def check_constants(self, node, name, float_leaves, mode, reason):
+        """The call's mode after looking at its constants: a sentinel feeding a mask op of a
+        call that runs low is saturated on cast; any other out-of-range constant keeps the op
+        in fp32. Each is reported (also when the op is in fp32 for another reason)."""
+        saturate = []
+        for expr, _ in float_leaves:
+            if expr is None or not self.is_const(expr):
+                continue
+            fits, max_abs, sentinel = self.const_range(expr)
+            if fits:
+                continue
+            if sentinel and name in MASK_OPS:
+                saturate.append((expr, max_abs))
+                continue
+            self.report.constants.append(ConstantIssue(
+                node=node, op=short_name(name), max_abs=max_abs, limit=self.max_val,
+                action="kept-fp32"))
+            if mode != "never":
+                mode, reason = "never", "constant-range"
+        for expr, max_abs in saturate if mode != "never" else []:
+            if id(expr) not in self.saturate:
+                self.saturate[id(expr)] = expr  # holding expr keeps its id stable
+                self.report.constants.append(ConstantIssue(
+                    node=node, op=short_name(name), max_abs=max_abs, limit=self.max_val,
+                    action="saturated-mask"))
+        return mode, reason
+
+    def keep(self, node: str, op: str, reason: str) -> None:
+        self.report.kept_fp32.append(KeptNode(node=node, op=op, reason=reason))
 
     def remap_expr(self, expr):
         relax = self.relax
@@ -194,25 +276,33 @@ class Converter:
         return expr
 
     def convert_value(self, bb, node, value):
-        """Returns the new value expression for one binding."""
+        """The new value expression for one binding, and its mode."""
         relax = self.relax
         if isinstance(value, relax.Call):
-            new, mode = self.convert_call(bb, node, value)
-            return new, mode
+            return self.convert_call(bb, node, value)
         if isinstance(value, relax.TupleGetItem):
             return relax.TupleGetItem(self.remap_expr(value.tuple_value), value.index), "keep"
         if isinstance(value, (relax.Var, relax.Tuple)):
             return self.remap_expr(value), "keep"
         if isinstance(value, (relax.If, relax.SeqExpr, relax.Function)):
-            raise Unsupported(type(value).__name__)
-        return value, "keep"
+            # left as imported (fp32), reading the original dtypes of what they use outside
+            self.keep(node, type(value).__name__, "control-flow")
+            return self.with_original_free_vars(bb, value), "fp32"
+        return value, "keep"  # constants, shapes, other leaves
+
+    def with_original_free_vars(self, bb, value):
+        relax = self.relax
+        mapping = {}
+        for var in relax.analysis.free_vars(value):
+            new = self.remap.get(var, var)
+            if new is not var:
+                mapping[var] = self.restore(bb, var, new)
+        return tvm_compat.substitute_vars(value, mapping) if mapping else value
 
     # -- a whole function ----------------------------------------------------------------
     def convert_function(self, func):
         relax = self.relax
         body = func.body
-        if not isinstance(body, relax.SeqExpr):
-            raise Unsupported("function body")
         owners = self.attribute_nodes(body)
         bb = relax.BlockBuilder()
         params = list(func.params)
@@ -229,26 +319,10 @@ class Converter:
                 else:
                     self.convert_bindings(bb, block, owners, is_df)
             result = self.remap_expr(body.body)
-            ret = self.finish_outputs(bb, body.body, result)
-            bb.emit_func_output(ret)
+            if self.cfg.keep_io_types:
+                result = self.restore(bb, body.body, result)
+            bb.emit_func_output(result)
         return bb.get()["main"]
-
-    def finish_outputs(self, bb, old, new):
-        relax = self.relax
-        if not self.cfg.keep_io_types:
-            return new
-        if isinstance(old, relax.Tuple):
-            return relax.Tuple([self.finish_outputs(bb, o, n) for o, n in zip(old.fields,
-                                                                               new.fields)])
-        old_ty = old.ty
-        if type(old_ty).__name__ == "TupleType":
-            items = []
-            for i in range(len(old_ty.fields)):
-                item = bb.emit(relax.TupleGetItem(new, i))
-                want = str(old_ty.fields[i].dtype) if hasattr(old_ty.fields[i], "dtype") else None
-                items.append(self.cast(bb, item, want) if want in FLOAT_TYPES else item)
-            return relax.Tuple(items)
-        return self.restore(bb, old, new)
 
     def convert_bindings(self, bb, block, owners, is_df):
         relax = self.relax
@@ -258,8 +332,7 @@ class Converter:
             node = owners.get(old_var, old_var.name)
             if isinstance(binding, relax.MatchCast):
                 val = self.restore(bb, binding.value, self.remap_expr(binding.value))
-                new_var = bb.match_cast(val, binding.ty)
-                self.remap[old_var] = new_var
+                self.remap[old_var] = bb.match_cast(val, binding.ty)
                 continue
             new_val, mode = self.convert_value(bb, node, binding.value)
             if isinstance(binding.value, relax.Call) and isinstance(binding.value.op,
@@ -267,21 +340,12 @@ class Converter:
                 self.report.total_ops += 1
                 if mode in ("always", "follow"):
                     self.report.converted_ops += 1
-            is_output = is_df and not isinstance(old_var, relax.DataflowVar)
-            if is_output:
-                new_val = bb.emit(new_val, name_hint=old_var.name)
-                escaping.append((old_var, new_val))
-                self.remap[old_var] = new_val
-            else:
-                new_var = bb.emit(new_val, name_hint=old_var.name)
-                self.remap[old_var] = new_var
-                new_val = new_var
-            if mode == "always" and self.tensor_dtype(new_val) != self.low:
-                self.widen.add(new_val)
-            if isinstance(binding.value, relax.Call) and isinstance(binding.value.op,
-                                                                     self.tvm.ir.Op):
-                dt = self.tensor_dtype(new_val) or "tuple"
-                self.ops[f"{short_name(binding.value.op.name)}:{dt}"] += 1
+            new_var = bb.emit(new_val, name_hint=old_var.name)
+            self.remap[old_var] = new_var
+            if is_df and not isinstance(old_var, relax.DataflowVar):
+                escaping.append((old_var, new_var))
+            if mode == "always" and self.tensor_dtype(new_var) != self.low:
+                self.widen.add(new_var)
         return escaping
 
     def attribute_nodes(self, body) -> dict:
@@ -303,17 +367,27 @@ class Converter:
         return owners
 
 
-class Unsupported(Exception):
-    """A construct the pass does not convert (control flow)."""
+def prepare_module(mod):
+    """What the pass converts: inference-mode ops decomposed (BatchNorm becomes arithmetic) and
+    constant subexpressions folded, so that a BatchNorm's ``sqrt(var + eps)`` is a constant
+    instead of an fp32 op that would keep the normalization after it in fp32."""
+    relax = tvm_compat.relax()
+    return relax.transform.FoldConstant()(relax.transform.DecomposeOpsForInference()(mod))
 
-    pass
+
+def with_main(mod, main):
+    """``mod`` with its ``main`` replaced; every other function keeps its GlobalVar (call_tir
+    refers to PrimFuncs by GlobalVar, not by name)."""
+    new = mod.clone()
+    new[mod.get_global_var("main")] = main
+    return new
 
 
 def convert_precision(mod, cfg: PrecisionConfig, node_types: dict[str, str] | None = None):
     """Convert ``mod['main']`` to mixed precision. Returns (new IRModule, PrecisionReport)."""
     tvm = tvm_compat.tvm()
     relax = tvm.relax
-    mod = relax.transform.DecomposeOpsForInference()(mod)
+    mod = prepare_module(mod)
     if cfg.precision == "fp32":
         rep = PrecisionReport(dtype="float32", accumulate="float32", note="fp32: no conversion")
         rep.ops_by_dtype = dict(count_ops(mod))
@@ -321,21 +395,7 @@ def convert_precision(mod, cfg: PrecisionConfig, node_types: dict[str, str] | No
         rep.total_ops = sum(rep.ops_by_dtype.values())
         return mod, rep
     conv = Converter(cfg, node_types)
-    try:
-        new_main = conv.convert_function(mod["main"])
-    except Unsupported as exc:
-        if cfg.precision != "fp16":
-            raise AmpError(f"amp's {cfg.precision} conversion does not handle a '{exc}' in the "
-                           f"model's main function yet; use --precision fp16 or fp32") from None
-        out = relax.transform.ToMixedPrecision(out_dtype=cfg.accumulate_dtype)(mod)
-        rep = PrecisionReport(dtype=cfg.dtype, accumulate=cfg.accumulate_dtype,
-                              note=f"model has control flow ({exc}): used TVM's "
-                                   f"ToMixedPrecision; per-node policy not applied")
-        rep.ops_by_dtype = dict(count_ops(out))
-        rep.op_dtypes = op_dtype_table(out)
-        return out, rep
-    new_mod = tvm.IRModule({**{gv.name_hint: mod[gv] for gv in mod.get_global_vars()
-                               if gv.name_hint != "main"}, "main": new_main})
+    new_mod = with_main(mod, conv.convert_function(mod["main"]))
     new_mod = relax.transform.DeadCodeElimination(["main"])(new_mod)
     new_mod = relax.transform.FoldConstant()(new_mod)
     rep = conv.report
@@ -368,9 +428,8 @@ def _op_dtypes(mod) -> Counter:
             v = b.value
             if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)):
                 continue
-            leaves = [f for a in v.args for f in (a.fields if isinstance(a, relax.Tuple)
-                                                  else [a])]
-            inputs = sorted({d for d in map(tensor_dtype, leaves) if d in FLOAT_TYPES})
+            inputs = sorted({d for a in v.args for d in _leaf_dtypes(getattr(a, "ty", None))
+                             if d in FLOAT_TYPES})
             ty = b.var.ty
             output = str(ty.dtype) if hasattr(ty, "dtype") else "tuple"
             counts[(short_name(v.op.name), ",".join(inputs) or "-", output)] += 1

@@ -63,14 +63,17 @@ class OpPolicy:
         self.exclude_nodes = set(policy.exclude_nodes)
         self.node_types = node_types or {}
 
-    def mode_of(self, op_name: str) -> str:
-        """The user's / default lists first (never wins), then TVM's registered policy; an op
-        with neither stays in fp32."""
+    def mode_of(self, op_name: str) -> tuple[str, str]:
+        """(mode, why): the user's / default lists first (never wins), then TVM's registered
+        policy; an op with neither (call_tir, call_dps_packed, ...) stays in fp32."""
         short = short_name(op_name)
         for mode in ("never", "always", "follow"):
             if short in self.lists[mode]:
-                return mode
-        return TVM_POLICY.get(tvm_compat.registered_mixed_precision_policy(op_name), "never")
+                return mode, "policy"
+        registered = tvm_compat.registered_mixed_precision_policy(op_name)
+        if registered is None:
+            return "never", "unknown-op"
+        return TVM_POLICY.get(registered, "never"), "policy"
 
     def exclusion(self, node: str, op_name: str) -> str | None:
         """Why ``node`` (an ONNX node name) running ``op_name`` must stay in fp32, or None."""

@@ -10,6 +10,7 @@ class KeptNode:
     node: str  # ONNX node name (or Relax var name)
     op: str
     reason: str  # policy | excluded-op | excluded-node | constant-range | fp32-input | unknown-op
+    #             | opaque-call | control-flow
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -21,7 +22,7 @@ class ConstantIssue:
     op: str
     max_abs: float
     limit: float
-    action: str  # "kept-fp32" | "flushed-underflow"
+    action: str  # "kept-fp32" | "saturated-mask"
     count: int = 0
 
     def to_dict(self):
