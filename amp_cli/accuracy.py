@@ -69,6 +69,9 @@ def load_inputs(path: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
 
 
 def metrics(ref: np.ndarray, got: np.ndarray) -> dict:
+    """max abs, relative L2, cosine and the non-finite share of ``got`` against ``ref``.
+    Where ``ref`` itself is inf/NaN (a degenerate fp32 reference) those positions are left out
+    and their share is reported as ``reference_nonfinite_share``."""
     ref = np.asarray(ref, dtype=np.float64)
     got = np.asarray(got, dtype=np.float64)
     finite = np.isfinite(got)
@@ -76,9 +79,14 @@ def metrics(ref: np.ndarray, got: np.ndarray) -> dict:
     if ref.shape != got.shape:
         return {"shape_mismatch": [list(ref.shape), list(got.shape)], "max_abs": float("inf"),
                 "rel_l2": float("inf"), "cosine": 0.0, "nonfinite_share": nonfinite}
+    ref_ok = np.isfinite(ref)
+    out = {}
+    if not ref_ok.all():
+        out["reference_nonfinite_share"] = float(1.0 - ref_ok.mean())
+        ref, got, finite = ref[ref_ok], got[ref_ok], finite[ref_ok]
     if not finite.all():
         return {"max_abs": float("inf"), "rel_l2": float("inf"), "cosine": 0.0,
-                "nonfinite_share": nonfinite}
+                "nonfinite_share": nonfinite, **out}
     diff = got - ref
     denom = np.linalg.norm(ref)
     rel = float(np.linalg.norm(diff) / denom) if denom > 0 else float(np.linalg.norm(diff))
@@ -86,17 +94,21 @@ def metrics(ref: np.ndarray, got: np.ndarray) -> dict:
     cos = float(np.dot(ref.ravel(), got.ravel()) / (nr * ng)) if nr > 0 and ng > 0 else \
         float(nr == ng)
     return {"max_abs": float(np.max(np.abs(diff))) if diff.size else 0.0, "rel_l2": rel,
-            "cosine": cos, "nonfinite_share": nonfinite}
+            "cosine": cos, "nonfinite_share": nonfinite, **out}
 
 
 def summarize(per_output: list[dict]) -> dict:
     """Worst case over outputs."""
     if not per_output:
         return {}
-    return {"max_abs": max(m["max_abs"] for m in per_output),
-            "rel_l2": max(m["rel_l2"] for m in per_output),
-            "cosine": min(m["cosine"] for m in per_output),
-            "nonfinite_share": max(m["nonfinite_share"] for m in per_output)}
+    worst = {"max_abs": max(m["max_abs"] for m in per_output),
+             "rel_l2": max(m["rel_l2"] for m in per_output),
+             "cosine": min(m["cosine"] for m in per_output),
+             "nonfinite_share": max(m["nonfinite_share"] for m in per_output)}
+    ref_bad = max(m.get("reference_nonfinite_share", 0.0) for m in per_output)
+    if ref_bad:
+        worst["reference_nonfinite_share"] = ref_bad
+    return worst
 
 
 class LibraryRunner:
@@ -139,8 +151,10 @@ def check_accuracy(model, library: str, device: str, seed: int, samples: int = 1
                 per_output.append({"output": model.outputs[i] if i < len(model.outputs)
                                    else f"output{i}", **m})
             else:
-                for key in ("max_abs", "rel_l2", "nonfinite_share"):
-                    per_output[i][key] = max(per_output[i][key], m[key])
+                for key in ("max_abs", "rel_l2", "nonfinite_share",
+                            "reference_nonfinite_share"):
+                    if key in m:
+                        per_output[i][key] = max(per_output[i].get(key, 0.0), m[key])
                 per_output[i]["cosine"] = min(per_output[i]["cosine"], m["cosine"])
     return {"device": device, "samples": samples, "seed": seed, "outputs": per_output,
             "worst": summarize(per_output)}

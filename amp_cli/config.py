@@ -58,7 +58,10 @@ class PrecisionConfig:
 class AccuracyConfig:
     seed: int = 0
     samples: int = 1  # random input sets checked against the fp32 reference
-    rel_l2_tolerance: float = 0.05  # reported as pass/fail, never a hard error in convert
+    # the gate: a conversion above it (or with inf/NaN outputs) runs the accuracy-guided search
+    # on its own; if it still misses, convert fails (exit 4) and writes nothing
+    rel_l2_tolerance: float = 0.05
+    enforce: bool = True  # False (--allow-inaccurate): write it anyway, marked in the report
 
 
 @dataclass
@@ -70,7 +73,10 @@ class AutoPrecisionConfig:
     ``metric <= tolerance`` (``cosine >= tolerance``) on held-out calibration inputs.
     """
 
-    enabled: bool = False
+    enabled: bool = False  # always run the search
+    # run it when the plain conversion misses the accuracy check (inf/NaN or above
+    # accuracy.rel_l2_tolerance), with that tolerance
+    when_inaccurate: bool = True
     metric: str = "rel_l2"  # rel_l2 | max_abs | cosine
     tolerance: float = 1e-2
     fallback: str = "fp32"  # fp32 | bf16: the type kept nodes run in
@@ -78,6 +84,9 @@ class AutoPrecisionConfig:
     samples: int = 4  # random calibration input sets when no .npz is given
     input_range: str | None = None  # "LO,HI": random float inputs ~ U(LO, HI), else N(0, 1)
     underflow_share: float = 1e-3  # keep a node when this share of its L2 norm is subnormal
+    # keep a node when its largest calibration |value| x this leaves the type's range: a few
+    # calibration inputs are a sample (ONNX's AlexNet reached 26552 on them, 65504+ on others)
+    range_headroom: float = 4.0
     seed: int = 1000  # calibration inputs differ from the accuracy check's seeds
 
 

@@ -20,7 +20,7 @@ from . import tvm_compat
 from .accuracy import check_accuracy
 from .compile import BuildResult, build
 from .config import ConvertConfig
-from .errors import OutputError
+from .errors import AccuracyError, OutputError
 from .frontend import LoadedModel
 from .hardware import set_num_threads
 from .precision import PrecisionReport, convert_precision, resolve_config
@@ -123,6 +123,11 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
     The accuracy check runs the build on the local GPU when the target is CUDA and one is
     present; otherwise a CPU build of the same converted module produces the numbers (the report
     says which device it was).
+
+    Correct by default: when the plain conversion misses ``cfg.accuracy.rel_l2_tolerance`` or
+    has inf/NaN outputs, amp runs its accuracy-guided search (``--auto-precision``) on its own
+    and builds again with the nodes it keeps in fp32; if that still misses, AccuracyError (exit
+    code 4) unless ``cfg.accuracy.enforce`` is off. Nothing is written in that case.
     """
     cfg = cfg or ConvertConfig()
     step = progress or (lambda _s: None)
@@ -140,45 +145,121 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
         notes.extend(auto.notes)
         if cfg.auto_precision.metric == "rel_l2":
             cfg.accuracy.rel_l2_tolerance = cfg.auto_precision.tolerance
+    staging = tempfile.mkdtemp(prefix="amp-build-")
+    try:
+        attempt = _build_checked(model, cfg, target, auto, staging, isolate, step, notes)
+        if attempt.missed and auto is None and cfg.auto_precision.when_inaccurate \
+                and cfg.precision.precision != "fp32":
+            auto = _auto_fallback(model, cfg, attempt, isolate, step, notes)
+            if auto is not None:
+                attempt = _build_checked(model, cfg, target, auto, staging, isolate, step,
+                                         notes)
+        if attempt.missed:
+            _fail_or_mark(model, cfg, attempt, auto, notes)
+        step("report")
+        report = build_report(model, cfg, target, attempt.precision, attempt.build,
+                              attempt.accuracy, notes,
+                              timings={"convert_s": attempt.convert_seconds,
+                                       "build_s": attempt.build.seconds},
+                              auto_precision=auto.to_dict() if auto else None)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Conversion(model, cfg, target, attempt.mod, attempt.precision, attempt.build,
+                      attempt.accuracy, report, staging, notes)
+
+
+@dataclass
+class _Attempt:
+    """One conversion + build + accuracy check."""
+
+    mod: object
+    precision: PrecisionReport
+    build: BuildResult
+    accuracy: dict
+    convert_seconds: float
+
+    @property
+    def missed(self) -> bool:
+        """The check ran and the conversion is wrong: inf/NaN outputs or above tolerance (a
+        non-finite fp32 reference is not the conversion's fault: not judged)."""
+        worst = self.accuracy.get("worst") or {}
+        return bool(worst) and not worst.get("reference_nonfinite_share") and \
+            not self.accuracy.get("within_tolerance")
+
+
+def _build_checked(model, cfg, target, auto, staging, isolate, step, notes) -> _Attempt:
     t0 = time.perf_counter()
     step("mixed precision")
     mod, prec = auto.convert(model) if auto else \
         convert_precision(model.mod, cfg.precision, model.node_types)
     convert_seconds = time.perf_counter() - t0
-    staging = tempfile.mkdtemp(prefix="amp-build-")
-    try:
-        step("build")
-        result = build(mod, target, os.path.join(staging, "model.so"), cfg.tuning_db,
-                       isolate=isolate, cuda=cfg.cuda)
-        accuracy = {}
-        if cfg.check_accuracy:
-            if target.is_cuda and tvm_compat.has_cuda_device():
-                lib, device = result.library, "cuda"
-            elif target.is_cuda:
-                step("cpu build for accuracy")
-                cpu = build(mod, cpu_target(), os.path.join(staging, "cpu_check.so"),
-                            isolate=isolate)
-                lib, device = cpu.library, "cpu"
-                notes.append("no GPU here: accuracy measured with a CPU (llvm) build of the same "
-                             "converted module")
-            else:
-                lib, device = result.library, "cpu"
-            step("accuracy")
-            accuracy = check_accuracy(model, lib, device, cfg.accuracy.seed,
-                                      cfg.accuracy.samples)
-            worst = accuracy.get("worst", {})
-            accuracy["tolerance_rel_l2"] = cfg.accuracy.rel_l2_tolerance
-            accuracy["within_tolerance"] = bool(worst) and \
-                worst["rel_l2"] <= cfg.accuracy.rel_l2_tolerance
-            if worst and worst["nonfinite_share"] > 0:
-                notes.append(f"{worst['nonfinite_share']:.1%} of output values are inf/NaN in "
-                             f"{cfg.precision.precision}: activations overflow its range; keep "
-                             f"the overflowing nodes in fp32 (--exclude-node) or use bf16")
-        step("report")
-        report = build_report(model, cfg, target, prec, result, accuracy, notes,
-                              timings={"convert_s": convert_seconds, "build_s": result.seconds},
-                              auto_precision=auto.to_dict() if auto else None)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return Conversion(model, cfg, target, mod, prec, result, accuracy, report, staging, notes)
+    step("build")
+    # a file per attempt: a process that loaded a library from a path keeps getting that one
+    # from dlopen, so a second attempt written over it would be checked with the first's code
+    attempt_dir = tempfile.mkdtemp(prefix="attempt-", dir=staging)
+    result = build(mod, target, os.path.join(attempt_dir, "model.so"), cfg.tuning_db,
+                   isolate=isolate, cuda=cfg.cuda)
+    accuracy = {}
+    if cfg.check_accuracy:
+        if target.is_cuda and tvm_compat.has_cuda_device():
+            lib, device = result.library, "cuda"
+        elif target.is_cuda:
+            step("cpu build for accuracy")
+            cpu = build(mod, cpu_target(), os.path.join(attempt_dir, "cpu_check.so"),
+                        isolate=isolate)
+            lib, device = cpu.library, "cpu"
+            note = ("no GPU here: accuracy measured with a CPU (llvm) build of the same "
+                    "converted module")
+            if note not in notes:
+                notes.append(note)
+        else:
+            lib, device = result.library, "cpu"
+        step("accuracy")
+        accuracy = check_accuracy(model, lib, device, cfg.accuracy.seed, cfg.accuracy.samples)
+        worst = accuracy.get("worst", {})
+        accuracy["tolerance_rel_l2"] = cfg.accuracy.rel_l2_tolerance
+        accuracy["within_tolerance"] = bool(worst) and \
+            worst["rel_l2"] <= cfg.accuracy.rel_l2_tolerance
+        if worst.get("reference_nonfinite_share"):
+            notes.append(f"{worst['reference_nonfinite_share']:.1%} of the fp32 reference's "
+                         f"output values are inf/NaN on the check's inputs: those positions "
+                         f"are not compared (a degenerate reference, not a conversion error)")
+    return _Attempt(mod, prec, result, accuracy, convert_seconds)
+
+
+def _describe(accuracy: dict) -> str:
+    worst = accuracy["worst"]
+    return (f"rel L2 {float(worst['rel_l2']):.3g} vs tolerance {accuracy['tolerance_rel_l2']:g}"
+            f", {float(worst['nonfinite_share']):.1%} inf/NaN, on {accuracy['device']}")
+
+
+def _auto_fallback(model, cfg, attempt, isolate, step, notes):
+    """The accuracy-guided search, run because the plain conversion missed (or None when it
+    cannot run on this model, with a note saying why)."""
+    if model.onnx_model is None:
+        notes.append("the accuracy-guided search needs an ONNX model; export the torch model "
+                     "with torch.onnx.export to use it")
+        return None
+    notes.append(f"the plain {cfg.precision.precision} conversion missed the accuracy check "
+                 f"({_describe(attempt.accuracy)}): amp ran its accuracy-guided search "
+                 f"(--auto-precision) on its own")
+    step("accuracy-guided search")
+    auto_cfg = copy.deepcopy(cfg)
+    auto_cfg.auto_precision.enabled = True
+    auto_cfg.auto_precision.metric = "rel_l2"
+    auto_cfg.auto_precision.tolerance = cfg.accuracy.rel_l2_tolerance
+    auto = auto_precision(model, auto_cfg, isolate=isolate)
+    notes.extend(auto.notes)
+    return auto
+
+
+def _fail_or_mark(model, cfg, attempt, auto, notes) -> None:
+    kept = f" with {len(auto.exclude_nodes)} nodes kept in {auto.fallback}" if auto else ""
+    what = f"accuracy check failed{kept}: {_describe(attempt.accuracy)}"
+    if cfg.accuracy.enforce:
+        raise AccuracyError(
+            f"{model.source}: {what}; nothing written. Try --precision bf16 (fp32's range), "
+            f"--exclude-node for the nodes the report names, a looser accuracy.rel_l2_tolerance,"
+            f" or --allow-inaccurate to write it anyway")
+    notes.append(f"{what}; written anyway (--allow-inaccurate)")

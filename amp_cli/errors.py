@@ -9,6 +9,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # an AmpError: bad input, failed import, failed build ...
 EXIT_USAGE = 2  # bad command line (click's own code)
 EXIT_GATE = 3  # `amp bench` gate failed (latency ratio or error above threshold)
+EXIT_INACCURATE = 4  # `amp convert`: the converted model misses the accuracy tolerance
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT); SIGTERM exits 143 (128 + signal)
 
 
@@ -64,6 +65,13 @@ class OutputError(AmpError):
 
 class TuneError(AmpError):
     """Tuning failed."""
+
+
+class AccuracyError(AmpError):
+    """The converted model misses the accuracy tolerance even after the accuracy-guided
+    search: nothing is written unless the user allows it."""
+
+    exit_code = EXIT_INACCURATE
 
 
 class GateError(AmpError):

@@ -27,6 +27,8 @@ Exit codes:
        --debug adds the traceback)
   2    usage error (bad option or argument)
   3    amp bench: a --max-latency-ratio / --max-rel-error gate failed
+  4    amp convert: the converted model misses the accuracy tolerance even
+       after the accuracy-guided search; nothing written (--allow-inaccurate)
   130  interrupted (Ctrl-C); nothing half-written is left behind
   143  terminated (SIGTERM); likewise
 """
@@ -195,7 +197,9 @@ def auto_precision_options(f):
     opts = [
         click.option("--auto-precision/--no-auto-precision", "auto_precision", default=None,
                      help="Keep in fp32 (or --fallback) the nodes whose values leave the "
-                          "low type's range, then the fewest extra nodes that meet --tolerance."),
+                          "low type's range, then the fewest extra nodes that meet --tolerance "
+                          "[default: only when the plain conversion misses the accuracy "
+                          "check; --no-auto-precision: never]."),
         click.option("--tolerance", metavar="METRIC=VALUE", default=None,
                      help="rel_l2, max_abs or cosine (a minimum) on held-out calibration "
                           "inputs [default: rel_l2=1e-2]."),
@@ -219,6 +223,7 @@ def apply_auto_precision(cfg, auto_precision=None, tolerance=None, calibration=N
     a = cfg.auto_precision
     if auto_precision is not None:
         a.enabled = auto_precision
+        a.when_inaccurate = auto_precision  # --no-auto-precision: not even as the fallback
     if tolerance:
         a.metric, a.tolerance = parse_tolerance(tolerance)
     if calibration:

@@ -28,14 +28,17 @@ from .common import (
               help="Apply tuning records written by `amp tune`.")
 @click.option("--force", is_flag=True, help="Overwrite OUTDIR if it exists.")
 @click.option("--no-accuracy", is_flag=True, help="Skip the accuracy check.")
+@click.option("--allow-inaccurate", is_flag=True,
+              help="Write the library even when it misses the accuracy tolerance after the "
+                   "accuracy-guided search (the report says so) instead of exiting 4.")
 @cuda_graph_option
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads for llvm runs (default: TVM_NUM_THREADS or all cores).")
 @auto_precision_options
 @debug_option
 def convert(model, outdir, target, precision, accumulate, config_file, input_shapes,
-            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy, cuda_graph,
-            threads, **auto_opts):
+            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy,
+            allow_inaccurate, cuda_graph, threads, **auto_opts):
     """Convert MODEL (.onnx, .pt2, or pkg.module:factory) to a mixed-precision library.
 
     \b
@@ -43,11 +46,15 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
     relax.VirtualMachine), OUTDIR/report.json and OUTDIR/report.md, atomically.
     Accuracy is checked against ONNX Runtime fp32 (torch fp32 for torch models)
     on seeded random inputs; on a machine without a GPU a CUDA build is checked
-    through a CPU build of the same converted module.
+    through a CPU build of the same converted module. A conversion that misses
+    the tolerance (or has inf/NaN outputs) runs the accuracy-guided search on
+    its own; if it still misses, exit 4 and nothing is written.
     """
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
                        exclude_ops, exclude_nodes, tuning_db, cuda_graph)
     cfg.check_accuracy = not no_accuracy
+    if allow_inaccurate:
+        cfg.accuracy.enforce = False
     cfg.threads = threads
     apply_auto_precision(cfg, **auto_opts)
     check_outdir(outdir, force)  # before minutes of work, not after

@@ -288,7 +288,7 @@ def auto_precision(model, cfg: ConvertConfig, progress: Progress | None = None,
                    "samples": len(sets), "analysis": len(analysis_sets),
                    "heldout": len(heldout)}
     step("sensitivity analysis")
-    analysis = analyze(model, low, analysis_sets)
+    analysis = analyze(model, low, analysis_sets, ap.range_headroom)
     notes.extend(analysis.notes)
     stats = analysis.by_node()
     user = list(prec.policy.exclude_nodes)
@@ -311,7 +311,8 @@ def auto_precision(model, cfg: ConvertConfig, progress: Progress | None = None,
 
     for spec in model.inputs:
         if spec.dtype.startswith("float") and any(
-                float(np.max(np.abs(f[spec.name]))) > analysis.limit for f in sets):
+                float(np.max(np.abs(f[spec.name]))) * ap.range_headroom > analysis.limit
+                for f in sets):
             bad_values.add(spec.name)
     consumers = _consumers(model.onnx_model)
     for _ in range(4):  # a kept producer can turn a follow-op consumer fp32; re-check

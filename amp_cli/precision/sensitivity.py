@@ -60,7 +60,7 @@ class NodeSensitivity:
     naive_nonfinite: bool  # inf/NaN there where fp32 is finite
     edge_errors: dict = field(default_factory=dict)  # consumer node -> rel L2 one hop later
     score: float = 0.0  # error contribution used to rank the node (see module docstring)
-    overflow: bool = False  # max_abs > limit
+    overflow: bool = False  # max_abs x headroom > limit
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -184,9 +184,12 @@ class _Err:
         return math.sqrt(self.diff / self.ref) if self.ref > 0 else math.sqrt(self.diff)
 
 
-def analyze(model, dtype: str, feeds_list: list[dict]) -> SensitivityAnalysis:
+def analyze(model, dtype: str, feeds_list: list[dict], headroom: float = 1.0
+            ) -> SensitivityAnalysis:
     """Ranges and low-precision error estimates per ONNX node of ``model`` (an ONNX
-    :class:`~amp_cli.load.LoadedModel`) on the calibration inputs ``feeds_list``."""
+    :class:`~amp_cli.frontend.LoadedModel`) on the calibration inputs ``feeds_list``. A node
+    counts as overflowing when its largest |value| times ``headroom`` leaves the type's range
+    (calibration inputs are a sample: other inputs go higher)."""
     import onnx
 
     if model.onnx_model is None:
@@ -241,7 +244,7 @@ def analyze(model, dtype: str, feeds_list: list[dict]) -> SensitivityAnalysis:
             node=n.name, op_type=n.op_type, max_abs=max_abs, limit=limit,
             underflow_share=math.sqrt(under_sq / tot_sq) if tot_sq > 0 else 0.0,
             storage_error=store.value, local_error=0.0, naive_error=0.0, naive_nonfinite=False,
-            overflow=max_abs > limit)
+            overflow=max_abs * headroom > limit)
 
     has_subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                        for n in nodes for a in n.attribute)

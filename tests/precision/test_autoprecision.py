@@ -115,14 +115,39 @@ def _resolved(**auto):
     return resolve_config(cfg, "llvm")
 
 
-def test_overflow_model_cli_convert(files, tmp_path):
-    # Without --auto-precision: the range problem breaks the output.
-    plain = tmp_path / "plain"
-    res = CliRunner().invoke(main, ["convert", str(files["overflow"]), "-o", str(plain),
+def test_overflow_model_is_correct_by_default(files, tmp_path):
+    """No flag: the plain fp16 conversion breaks the output (inf in the norm), so amp runs the
+    accuracy-guided search on its own and writes an accurate library, saying so."""
+    out = tmp_path / "default"
+    res = CliRunner().invoke(main, ["convert", str(files["overflow"]), "-o", str(out),
                                     "--target", "llvm"])
     assert res.exit_code == 0, res.output
-    worst = json.loads((plain / "report.json").read_text())["accuracy"]["worst"]
+    assert "ran its accuracy-guided search" in res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["accuracy"]["within_tolerance"]
+    assert report["accuracy"]["worst"]["nonfinite_share"] == 0
+    assert {k["node"] for k in report["auto_precision"]["kept"] if k["reason"] == "range"} \
+        == {"square"}
+
+
+def test_overflow_model_without_the_search_exits_4_and_writes_nothing(files, tmp_path):
+    out = tmp_path / "plain"
+    res = CliRunner().invoke(main, ["convert", str(files["overflow"]), "-o", str(out),
+                                    "--target", "llvm", "--no-auto-precision"])
+    assert res.exit_code == 4, res.output
+    assert "accuracy check failed" in res.stderr and "nothing written" in res.stderr
+    assert not out.exists()
+    res = CliRunner().invoke(main, ["convert", str(files["overflow"]), "-o", str(out),
+                                    "--target", "llvm", "--no-auto-precision",
+                                    "--allow-inaccurate"])
+    assert res.exit_code == 0, res.output
+    worst = json.loads((out / "report.json").read_text())["accuracy"]["worst"]
     assert worst["nonfinite_share"] > 0 or worst["rel_l2"] > TOL
+    assert "written anyway (--allow-inaccurate)" in res.output
+    assert "ABOVE TOLERANCE" in res.output  # the summary line reads the report's "inf"s
+
+
+def test_overflow_model_cli_convert(files, tmp_path):
 
     out = tmp_path / "auto"
     res = CliRunner().invoke(main, ["convert", str(files["overflow"]), "-o", str(out),
