@@ -9,9 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python benchmarks/corpus`: import as the package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    __package__ = "benchmarks.corpus"
+if not __package__:  # `python benchmarks/corpus`: rerun this file as the package's __main__
+    import runpy
+    sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repo root, not this folder
+    runpy.run_module("benchmarks.corpus", run_name="__main__", alter_sys=True)
+    sys.exit()
 
 from . import export, run  # noqa: E402
 

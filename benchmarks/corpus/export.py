@@ -177,8 +177,7 @@ def finish_entry(entry: dict, path: Path, feeds: dict[str, np.ndarray],
     entry.update(file=path.name, inputs_file=path.with_suffix(".inputs.npz").name, op_types=ops,
                  rnn_ops=sorted(RNN_OPS & set(ops)))
     gen = {i["name"]: i.get("generate") for i in entry.get("inputs", [])}
-    entry["inputs"] = [dict(i, generate=gen.get(i["name"]) or "float32 ~ N(0, 1)")
-                       for i in inputs]
+    entry["inputs"] = [dict(i, generate=gen.get(i["name"])) for i in inputs]
     try:
         ref = run_ort(path, feeds)
     except Exception as exc:  # noqa: BLE001
@@ -197,11 +196,10 @@ def export_torch_entry(e: zoo.Entry, outdir: Path, scale: str, batch: int, seed:
     """Build, calibrate, baseline and export one torch model; one manifest entry per exporter."""
     import torch
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
     built = e.build(scale, batch)
     module = built.module
     reinitialized = reinit_zero_weights(module)
-    calibrated = calibrate_batchnorm(module, built.inputs, rng)
+    calibrated = calibrate_batchnorm(module, built.inputs, np.random.default_rng(seed))
     feeds = zoo.make_inputs(built.inputs, np.random.default_rng(seed))
     torch_ref = run_torch(module, feeds)
     base = {"name": e.name, "family": e.family, "failure_class": e.tag,
@@ -241,7 +239,8 @@ def export_light_model(src: Path, outdir: Path, seed: int, log) -> dict:
     specs = [zoo.InputSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in inputs]
     feeds = zoo.make_inputs(specs, np.random.default_rng(seed))
     entry = {"name": src.stem, "family": "onnx-light", "exporter": "onnx-light",
-             "failure_class": "ONNX backend-test model (old opset, initializers as inputs)"}
+             "failure_class": "ONNX backend-test model (old opset, initializers as inputs)",
+             "inputs": [{"name": s.name, "generate": s.describe()} for s in specs]}
     finish_entry(entry, path, feeds, None)
     log(f"  {src.stem}" + (f" DEGENERATE: {entry['degenerate_reason']}"
                            if entry["degenerate"] else ""))

@@ -48,15 +48,24 @@ def pick_error_line(stderr: str) -> str:
     for pattern in (r"^amp: ", r"(Error|error|Segmentation|Aborted|Killed)"):
         hits = [ln for ln in lines if re.search(pattern, ln)]
         if hits:
-            return re.sub(r"^amp: (error: )?", "", hits[0])[:300]
-    return lines[-1][:300] if lines else ""
+            return re.sub(r"^amp: (error: )?", "", hits[0])[:1000]
+    return lines[-1][:1000] if lines else ""
+
+
+def as_number(value):
+    """A report value as a float: amp writes non-finite numbers as the strings "inf", "nan"."""
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def read_report(path: Path) -> dict:
     """The fields of amp's report.json that the table shows."""
     r = json.loads(path.read_text())
     worst = (r.get("accuracy") or {}).get("worst") or {}
-    return {"rel_l2": worst.get("rel_l2"), "nonfinite_share": worst.get("nonfinite_share"),
+    return {"rel_l2": as_number(worst.get("rel_l2")),
+            "nonfinite_share": as_number(worst.get("nonfinite_share")),
             "accuracy_device": (r.get("accuracy") or {}).get("device"),
             "build_s": (r.get("build") or {}).get("seconds"), "timings": r.get("timings"),
             "notes": r.get("notes")}

@@ -81,8 +81,8 @@ class Entry:
 # name -> (tiny resolution, full resolution, failure class it represents)
 TORCHVISION = {
     "resnet50": (64, 224, "baseline CNN (converts per issue 20)"),
-    "mobilenet_v3_large": (64, 224, "hardswish/hardsigmoid, squeeze-excite; degenerate at random init"),
-    "efficientnet_b0": (64, 224, "SiLU, squeeze-excite; degenerate at random init"),
+    "mobilenet_v3_large": (64, 224, "hardswish/hardsigmoid, squeeze-excite (needs BN calibration)"),
+    "efficientnet_b0": (64, 224, "SiLU, squeeze-excite (needs BN calibration)"),
     "convnext_tiny": (64, 224, "layer norm + GELU CNN (converts per issue 20)"),
     "vit_b_16": (64, 224, "class token Concat: fp32/fp16 Concat dtype mix"),
     "densenet121": (64, 224, "dense Concat chains"),
@@ -119,22 +119,19 @@ TINY_TEXT = dict(layers=2, hidden=64, heads=4, ffn=128, vocab=1000, seq=16)
 FULL_TEXT = dict(layers=12, hidden=768, heads=12, ffn=3072, vocab=30522, seq=128)
 
 
-class LastHidden:
-    """Wraps a transformers model so it takes positional tensors and returns a plain tensor."""
+def wrap_last_hidden(model, names: list[str]):
+    """An nn.Module whose forward(*tensors) calls model(**{name: tensor}).last_hidden_state, so
+    the exporters see positional tensors and one plain output."""
+    import torch
 
-    @staticmethod
-    def wrap(model, names: list[str]):
-        """An nn.Module whose forward(*tensors) calls model(**{name: tensor}).last_hidden_state."""
-        import torch
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
 
-        class Wrapper(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-
-            def forward(self, *tensors):
-                return self.model(**dict(zip(names, tensors))).last_hidden_state
-        return Wrapper()
+        def forward(self, *tensors):
+            return self.model(**dict(zip(names, tensors))).last_hidden_state
+    return LastHidden()
 
 
 def text_inputs(batch: int, seq: int, vocab: int, mask: bool = True) -> list[InputSpec]:
@@ -202,7 +199,7 @@ def build_hf(name: str) -> Callable[[str, int], Built]:
         else:
             cls = getattr(transformers, cls_name)
         specs = make_specs(config, p, batch)
-        return Built(LastHidden.wrap(cls(config), [s.name for s in specs]), specs)
+        return Built(wrap_last_hidden(cls(config), [s.name for s in specs]), specs)
     return build
 
 
