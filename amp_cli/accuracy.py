@@ -125,6 +125,39 @@ class LibraryRunner:
         return [np.asarray(o.numpy()) for o in flatten_outputs(out)]
 
 
+def first_nonfinite_call(library: str, device: str, feeds: dict[str, np.ndarray],
+                         order: list[str]) -> dict | None:
+    """The first kernel call of one run whose arguments hold inf/NaN once it ran -- the kernel
+    that produced them, as the calls before it were all finite -- as {kernel, call}; None when
+    every call is finite. Needs a library without CUDA graphs (a captured graph runs its kernels
+    in one builtin call, out of the instrument's sight)."""
+    runner = LibraryRunner(library, device)
+    args = [tvm_compat.to_tvm_tensor(feeds[n], runner.device) for n in order]
+    found: dict = {}
+    calls = [0]
+
+    def instrument(_func, symbol, before_run, _ret, *call_args):
+        name = str(symbol)
+        if before_run or found or name.startswith("vm.builtin."):
+            return 0  # VMInstrumentReturnKind.NO_OP
+        calls[0] += 1
+        for a in call_args:
+            if hasattr(a, "numpy") and str(getattr(a, "dtype", "")).startswith(("float", "bfl")):
+                values = np.asarray(a.numpy(), dtype=np.float32)
+                if not np.isfinite(values).all():
+                    found.update(kernel=name, call=calls[0],
+                                 nonfinite_share=float(1 - np.isfinite(values).mean()))
+                    break
+        return 0
+
+    runner.vm.set_instrument(instrument)
+    try:
+        runner.vm["main"](*args)
+    finally:
+        runner.vm.set_instrument(None)
+    return found or None
+
+
 def flatten_outputs(out):
     if hasattr(out, "numpy"):
         return [out]

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import tvm_compat
-from .accuracy import check_accuracy
+from .accuracy import check_accuracy, first_nonfinite_call, random_inputs
 from .compile import BuildResult, build
 from .config import ConvertConfig
 from .errors import AccuracyError, OutputError
@@ -221,11 +222,30 @@ def _build_checked(model, cfg, target, auto, staging, isolate, step, notes) -> _
         accuracy["tolerance_rel_l2"] = cfg.accuracy.rel_l2_tolerance
         accuracy["within_tolerance"] = bool(worst) and \
             worst["rel_l2"] <= cfg.accuracy.rel_l2_tolerance
+        if device == "cuda" and worst.get("nonfinite_share"):
+            notes.append(_locate_nonfinite(model, mod, cfg, target, attempt_dir, result, isolate))
         if worst.get("reference_nonfinite_share"):
             notes.append(f"{worst['reference_nonfinite_share']:.1%} of the fp32 reference's "
                          f"output values are inf/NaN on the check's inputs: those positions "
                          f"are not compared (a degenerate reference, not a conversion error)")
     return _Attempt(mod, prec, result, accuracy, convert_seconds)
+
+
+def _locate_nonfinite(model, mod, cfg, target, attempt_dir, result, isolate) -> str:
+    """A note naming the first kernel that writes inf/NaN on the GPU (built again without CUDA
+    graphs when the build has them, so that each kernel can be watched)."""
+    library = result.library
+    if cfg.cuda.cuda_graph:
+        plain = dataclasses.replace(cfg.cuda, cuda_graph=False)
+        library = build(mod, target, os.path.join(attempt_dir, "diagnose.so"), cfg.tuning_db,
+                        isolate=isolate, cuda=plain).library
+    feeds = random_inputs(model.inputs, cfg.accuracy.seed)
+    found = first_nonfinite_call(library, "cuda", feeds, [s.name for s in model.inputs])
+    if found is None:
+        return ("inf/NaN on the GPU, but no single kernel wrote them in a run without CUDA "
+                "graphs: --no-cuda-graph may avoid them")
+    return (f"on the GPU, the first kernel writing inf/NaN is {found['kernel']} (call "
+            f"{found['call']}, {found['nonfinite_share']:.1%} of an argument)")
 
 
 def _describe(accuracy: dict) -> str:

@@ -23,6 +23,7 @@ from amp_cli.precision.auto import auto_precision, search_bound
 from amp_cli.cli import main
 from amp_cli.config import ConvertConfig
 from amp_cli.precision import resolve_config
+from amp_cli.target import resolve_target
 
 TOL = 1e-2
 
@@ -259,3 +260,21 @@ def test_bf16_fallback_runs_kept_nodes_in_bf16(files):
     assert res.met and res.reasons == {"square": "range"}
     mod, _ = res.convert(loaded)
     assert "bfloat16" in mod.script()
+
+
+def test_first_nonfinite_call_names_the_overflowing_kernel(files, tmp_path):
+    """What convert reports when a GPU build writes inf/NaN, checked on a CPU build: the first
+    kernel whose arguments hold inf after it ran is the one computing the square (h*h)."""
+    from amp_cli.accuracy import first_nonfinite_call
+    from amp_cli.compile import build
+    from amp_cli.precision import convert_precision
+
+    model = amp_cli.load(files["overflow"])
+    mod, _ = convert_precision(model.mod, amp_cli.PrecisionConfig(precision="fp16"))
+    lib = build(mod, resolve_target("llvm"), str(tmp_path / "m.so"), isolate=False).library
+    feeds = random_inputs(model.inputs, 0)
+    found = first_nonfinite_call(lib, "cpu", feeds, ["x"])
+    assert found is not None and "multiply" in found["kernel"], found
+    fp32, _ = convert_precision(model.mod, amp_cli.PrecisionConfig(precision="fp32"))
+    lib32 = build(fp32, resolve_target("llvm"), str(tmp_path / "f.so"), isolate=False).library
+    assert first_nonfinite_call(lib32, "cpu", feeds, ["x"]) is None
