@@ -300,10 +300,16 @@ def onnx_node_naming():
     constant = tvm().ir.expr.Constant
 
     def convert(self, op_name, inputs, attrs, opset):
-        name = (attrs.get("tvm_custom") or {}).get("name") or op_name
+        custom = attrs.get("tvm_custom") or {}
+        name = custom.get("name") or op_name
         current["node"], current["op"] = name, op_name
         sym = original(self, op_name, inputs, attrs, opset)
-        if (isinstance(sym, _relax.Expr) and isinstance(getattr(sym, "ty", None), _relax.TensorType)
+        ty = getattr(sym, "ty", None)
+        # a node with several outputs (LSTM, Split, TopK) returns a tuple: that is its last
+        # binding (a one-output node returning a tuple, e.g. SequenceConstruct, is left alone)
+        named = isinstance(ty, _relax.TensorType) or (
+            isinstance(ty, _relax.TupleType) and custom.get("num_outputs", 1) > 1)
+        if (isinstance(sym, _relax.Expr) and named
                 and not isinstance(sym, (_relax.Var, constant))):
             sym = self.bb.emit(sym, name_hint=ONNX_NODE_PREFIX + name)
         return sym
@@ -313,6 +319,45 @@ def onnx_node_naming():
         yield current
     finally:
         cls._convert_operator = original
+
+
+@contextlib.contextmanager
+def onnx_extra_converters(converters: dict):
+    """While importing, TVM's ONNX importer also converts the op types in ``converters`` (op
+    type -> ``fn(bb, inputs, attrs, opset) -> relax.Expr``; ``inputs`` holds None for an absent
+    optional input, ``attrs`` the parsed attributes plus TVM's ``tvm_custom`` name and
+    ``num_outputs``). They take precedence over TVM's own converter of the same op type, and
+    ``onnx_supported_ops()`` lists them while the context is open."""
+    tvm()
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    original = onnx_frontend._get_convert_map
+
+    def adapter(op_type, fn):
+        # TVM looks converters up as classes with get_converter(opset) -> impl(bb, inputs,
+        # attrs, params)
+        def get_converter(cls, opset):
+            return lambda bb, inputs, attrs, params: fn(bb, inputs, attrs, opset)
+
+        return type(f"Amp{op_type}Converter", (), {"get_converter": classmethod(get_converter)})
+
+    extra = {op_type: adapter(op_type, fn) for op_type, fn in converters.items()}
+
+    def convert_map():
+        return {**original(), **extra}
+
+    onnx_frontend._get_convert_map = convert_map
+    try:
+        yield
+    finally:
+        onnx_frontend._get_convert_map = original
+
+
+def constant_value(expr):
+    """The numpy value of a Relax constant, or None when ``expr`` is not one."""
+    if isinstance(expr, tvm().ir.expr.Constant):
+        return expr.value.numpy()
+    return None
 
 
 def prim_func_class():

@@ -12,6 +12,7 @@ from ..errors import InputError, ModelLoadError, UnsupportedOpError
 from ..sandbox import error_line
 from .input_values import infer_input_values
 from .model import ONNX_DTYPES, InputSpec, LoadedModel, bind_input_shapes
+from .rnn import CONVERTERS as RNN_CONVERTERS  # ops TVM's importer lacks, converted by amp
 
 
 def _onnx_inputs(graph) -> list[InputSpec]:
@@ -51,8 +52,9 @@ def load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
         if not n.name:
             n.name = f"{n.op_type}_{i}"
         node_types[n.name] = n.op_type
+    supported = tvm_compat.onnx_supported_ops() | set(RNN_CONVERTERS)
     unsupported = [(n.op_type, n.name) for n in model.graph.node
-                   if n.op_type not in tvm_compat.onnx_supported_ops() and n.op_type != "Constant"]
+                   if n.op_type not in supported and n.op_type != "Constant"]
     if unsupported:
         listing = ", ".join(f"{t} (node '{nm}')" for t, nm in unsupported[:8])
         more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
@@ -62,8 +64,11 @@ def load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
     dtype_dict = {s.name: s.dtype for s in specs}
     sink = io.StringIO()
     try:
-        with contextlib.redirect_stdout(sink), tvm_compat.onnx_node_naming() as current:
+        with contextlib.redirect_stdout(sink), tvm_compat.onnx_node_naming() as current, \
+                tvm_compat.onnx_extra_converters(RNN_CONVERTERS):
             mod = tvm_compat.from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict)
+    except UnsupportedOpError as exc:  # amp's own converters name the node and the reason
+        raise UnsupportedOpError(f"{path}: {exc}", ops=exc.ops) from exc
     except Exception as exc:  # noqa: BLE001 - the importer raises anything
         node = current.get("node")
         where = f" at node '{node}' ({current.get('op')})" if node else ""
