@@ -285,16 +285,18 @@ def convert_node(op_type: str, bb, inputs, attrs: dict):
         ys.append(y)
         finals.append(state)
     shape = (node.seq, 1, node.batch, node.hidden)
-    outputs = [em.emit(op.stack(ys, axis=1)) if ndir > 1 else em.emit(op.reshape(ys[0], shape))]
+    y = op.stack(ys, axis=1) if ndir > 1 else op.reshape(ys[0], shape)
+    if node.layout == 1:
+        y = op.permute_dims(em.emit(y), [2, 0, 1, 3])
+    wanted = int((attrs.get("tvm_custom") or {}).get("num_outputs", 1))
+    if wanted <= 1:  # returned unbound: the importer binds it, named after the node
+        return y
+    outputs = [em.emit(y)]
     for k in range(len(finals[0])):
         states = [s[k] for s in finals]
-        outputs.append(em.emit(op.concat(states, axis=0)) if ndir > 1 else states[0])
-    if node.layout == 1:
-        outputs = [em.emit(op.permute_dims(o, [2, 0, 1, 3] if i == 0 else [1, 0, 2]))
-                   for i, o in enumerate(outputs)]
-    wanted = int((attrs.get("tvm_custom") or {}).get("num_outputs", len(outputs)))
-    outputs = outputs[:max(1, wanted)]
-    return outputs[0] if len(outputs) == 1 else em.relax.Tuple(outputs)
+        state = em.emit(op.concat(states, axis=0)) if ndir > 1 else states[0]
+        outputs.append(em.emit(op.permute_dims(state, [1, 0, 2])) if node.layout == 1 else state)
+    return em.relax.Tuple(outputs[:wanted])
 
 
 def convert_lstm(bb, inputs, attrs: dict, opset: int):
