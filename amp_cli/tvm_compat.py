@@ -309,9 +309,13 @@ def onnx_node_naming():
         # binding (a one-output node returning a tuple, e.g. SequenceConstruct, is left alone)
         named = isinstance(ty, _relax.TensorType) or (
             isinstance(ty, _relax.TupleType) and custom.get("num_outputs", 1) > 1)
+        # a converter that bound its result itself (call_tir through emit_te: reflect Pad,
+        # Clip, Tile) returns that variable: the node's name goes on an alias of it
+        own_var = isinstance(sym, _relax.Var) and not any(
+            i is not None and sym.same_as(i) for i in inputs)
         if (isinstance(sym, _relax.Expr) and named
-                and not isinstance(sym, (_relax.Var, constant))):
-            sym = self.bb.emit(sym, name_hint=ONNX_NODE_PREFIX + name)
+                and (own_var or not isinstance(sym, (_relax.Var, constant)))):
+            sym = emit_named(self.bb, sym, ONNX_NODE_PREFIX + name)
         return sym
 
     cls._convert_operator = convert
@@ -358,6 +362,52 @@ def constant_value(expr):
     if isinstance(expr, tvm().ir.expr.Constant):
         return expr.value.numpy()
     return None
+
+
+def emit_named(bb, expr, name: str):
+    """Bind ``expr`` in ``bb`` to a new variable named exactly ``name`` and return the variable.
+    (``bb.emit(expr, name_hint)`` passes the hint through a NameSupply that turns '.' into '_'
+    and numbers repeats, so an ONNX node '/model.9/Conv' came out as 'onnx:/model_9/Conv' and
+    ``--exclude-node /model.9/Conv`` matched nothing.)"""
+    relax = tvm().relax
+    expr = bb.normalize(expr)
+    var_class = relax.DataflowVar if bb.current_block_is_dataflow() else relax.Var
+    var = var_class(name, expr.ty)
+    bb.emit_normalized(relax.VarBinding(var, expr))
+    return var
+
+
+def var_names(root) -> list[str]:
+    """The name of every variable in ``root`` (an IRModule or function): Relax variables, TIR
+    variables and TIR buffers (0.27: one ``Var`` class, a buffer is a buffer-typed Var)."""
+    tvm()
+    import tvm_ffi
+
+    names: list[str] = []
+    tvm_ffi.structural_walk(root, (tvm().ir.expr.Var, lambda v: names.append(str(v.name))))
+    return names
+
+
+def rename_vars(root, new_name):
+    """``root`` (an IRModule or function) with each variable ``v`` for which ``new_name(v)``
+    returns a string replaced, at its definition and at every use, by a variable of that name
+    and the same type (a Relax DataflowVar stays one). ``new_name`` is asked once per variable
+    (two variables of one name are two questions) and returns None to keep a variable."""
+    t = tvm()
+    import tvm_ffi
+
+    var_class, dataflow_var = t.ir.expr.Var, t.relax.DataflowVar
+    made: dict = {}  # by handle: a TIR Var's == builds an expression, so no Var dict keys
+
+    def swap(var):
+        key = var.__chandle__()
+        if key not in made:
+            name = new_name(var)
+            made[key] = var if name is None else (
+                dataflow_var if isinstance(var, dataflow_var) else var_class)(name, var.ty)
+        return made[key]
+
+    return tvm_ffi.structural_map(root, (var_class, swap))
 
 
 def prim_func_class():

@@ -12,7 +12,10 @@ TVM's own CUDA pipeline (tvm/relax/backend/cuda/pipeline.py) with these changes:
   large-injective rule before dlight's Fallback; a rule that raises is skipped (``fallible``);
 - Relax's CUDA-graph rewriting is on (``relax.backend.use_cuda_graph``): the kernels between the
   input and the output of a static-shape model are captured once and replayed as one graph;
-- the pass list is assembled here, in one place, so convert and tune compile the same way.
+- the pass list is assembled here, in one place, so convert and tune compile the same way;
+- before anything else, every variable and buffer gets a name CUDA source can print
+  (``frontend/names.py``): the model's own names (``onnx:/model.9/Concat``) stay in amp's IR
+  until here, since precision decisions and reports are keyed on them.
 
 Each rewrite and rule registers itself, with its place in its stage (``registry.py``); the
 imports below load them.
@@ -23,6 +26,7 @@ import dataclasses
 
 from ... import tvm_compat
 from ...config import CudaConfig
+from ...frontend.names import make_identifiers
 from ...hardware import arch_sm
 from ...ir_attrs import CUDA_GRAPH, KERNEL_NAME
 from . import registry
@@ -34,6 +38,8 @@ from .kernels import hopper_gemm  # noqa: F401
 from .rewrites import (combine_gemm, conv_gemm, fused_attention, matmul_nt,  # noqa: F401
                        norm_cast, reshape_sink)
 from .rules import dlight_rules, injective, matmul  # noqa: F401
+
+RENAMED = "names_made_identifiers"  # build-report count of make_identifiers' renames
 
 
 def name_kernels_pass():
@@ -100,6 +106,10 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
         config.update(cuda_graph_config(cuda.cuda_graph))
         with target, tvm.transform.PassContext(opt_level=pass_ctx.opt_level, config=config,
                                                instruments=list(pass_ctx.instruments)):
+            # first: the passes below name kernels' buffers after these variables
+            mod, renamed = make_identifiers(mod)
+            if ctx.stats is not None:
+                ctx.stats[RENAMED] = len(renamed)
             passes = (cuda_pipe.library_dispatch_passes(target)
                       + registry.made("graph", ctx)
                       + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
@@ -122,4 +132,5 @@ def switch_names() -> set[str]:
 
 
 def report_labels() -> dict:
-    return registry.report_labels()
+    return {**registry.report_labels(),
+            RENAMED: "tensor names made C identifiers"}
