@@ -340,7 +340,7 @@ class Converter:
                 self.report.total_ops += 1
                 if mode in ("always", "follow"):
                     self.report.converted_ops += 1
-            new_var = bb.emit(new_val, name_hint=old_var.name)
+            new_var = tvm_compat.emit_named(bb, new_val, old_var.name)  # exact ONNX names
             self.remap[old_var] = new_var
             if is_df and not isinstance(old_var, relax.DataflowVar):
                 escaping.append((old_var, new_var))

@@ -197,3 +197,22 @@ def test_where_mask_builds_for_cuda(tmp_path):
     conv = _convert(masked_attention(F32_MIN, False), tmp_path, "fp16", "cuda:sm_90",
                     check_accuracy=False)
     assert [c.action for c in conv.precision.constants] == ["saturated-mask"]
+
+
+def test_node_names_with_dots_survive_the_pass(tmp_path):
+    """The pass re-binds each node under its exact name ('/model.9/Conv', not '/model_9/Conv'),
+    so what the auto-precision search and the bf16 fallback look up by node name is there."""
+    from amp_cli.precision.auto import node_modes
+    from amp_cli.precision.convert import convert_precision
+
+    b = GraphBuilder(seed=8)
+    h = b.op("MatMul", ["x", b.weight(8, 8)])
+    b.nodes[-1].name = "/model.9/MatMul"
+    y = b.op("Relu", [h])
+    b.nodes[-1].name = "/model.9/act.relu"
+    path = tmp_path / "dots.onnx"
+    onnx.save(b.model([("x", [4, 8], "float32")], [(y, [4, 8], "float32")]), str(path))
+    model = amp_cli.load(path)
+    mod, _ = convert_precision(model.mod, amp_cli.PrecisionConfig(precision="fp16"),
+                               model.node_types)
+    assert set(node_modes(mod, "float16")) == {"/model.9/MatMul", "/model.9/act.relu"}
