@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from ... import tvm_compat
 from ...ir_attrs import IS_SCHEDULED, LEGACY_IS_SCHEDULED
+from ..layout import convert_layout_pass
 from .analysis import host_model
 from .packing import constant_call_args, rewrite_packed_callers
 from .rules import schedule_prim_func
 
 # Statistics of the last run of the scheduling pass (per process): rule name -> count, and
-# the names of PrimFuncs that fell back.
+# the names of PrimFuncs that fell back; "layout": what the guarded ConvertLayout rewrote
+# (``backends/layout.py``).
 LAST_STATS: dict = {}
+CPU_CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
 
 
 def is_scheduled(func) -> bool:
@@ -23,12 +26,13 @@ def is_scheduled(func) -> bool:
     return False
 
 
-def cpu_schedule_passes(target) -> list:
+def cpu_schedule_passes(target, layout_stats: dict | None = None) -> list:
     """Inserted into amp's relax pipeline right after FuseTIR (where CUDA's pipeline runs
     dlight.ApplyDefaultSchedule); schedules every PrimFunc for the llvm target.
 
     PrimFuncs already marked scheduled (e.g. by MetaScheduleApplyDatabase) are left alone.
-    Counts per rule (and fallbacks) land in :data:`LAST_STATS`.
+    Counts per rule (and fallbacks) land in :data:`LAST_STATS`, with ``layout_stats`` (what
+    the layout passes of the same run rewrote) under ``"layout"``.
     """
     tvm = tvm_compat.tvm()
     if isinstance(target, dict):
@@ -37,7 +41,8 @@ def cpu_schedule_passes(target) -> list:
     @tvm.transform.module_pass(opt_level=0, name="AmpCpuSchedule")
     def _amp_cpu_schedule(mod, _ctx):
         hw = host_model(target)
-        stats: dict = {"rules": {}, "fallback": [], "unscheduled": [], "pre_scheduled": 0}
+        stats: dict = {"rules": {}, "fallback": [], "unscheduled": [], "pre_scheduled": 0,
+                       "layout": dict(layout_stats or {})}
         updates, packs = {}, {}
         const_args = constant_call_args(mod)
         for gv, func in mod.functions_items():
@@ -85,14 +90,15 @@ def cpu_schedule_passes(target) -> list:
     return [_amp_cpu_schedule]
 
 
-def cpu_layout_passes(target=None) -> list:  # noqa: ARG001 - same signature as the others
+def cpu_layout_passes(target=None, stats: dict | None = None) -> list:
     """Relax passes before legalization: inference-mode op decomposition (BatchNorm becomes
-    elementwise ops that fuse into the conv epilogue) and NHWC/HWIO convolutions."""
+    elementwise ops that fuse into the conv epilogue) and NHWC/HWIO convolutions, through
+    amp's guarded ConvertLayout (``backends/layout.py``; ``stats`` counts its rewrites)."""
     relax = tvm_compat.relax()
     return [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
-        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]}),
+        convert_layout_pass(CPU_CONV_LAYOUTS, stats),
         relax.transform.CanonicalizeBindings(),
     ]
 
@@ -118,11 +124,12 @@ def cpu_relax_pipeline(target, extra_schedule_passes=None, *, convert_layout: bo
     @tvm.transform.module_pass(opt_level=0, name="AmpCpuRelaxPipeline")
     def _pipeline(mod, _ctx):
         with target:
+            layout_stats: dict = {}
             passes = list(cpu_pipe.library_dispatch_passes(target))
             if fast_math:
                 passes.append(relax.transform.FastMathTransform())
             if convert_layout:
-                passes += cpu_layout_passes(target)
+                passes += cpu_layout_passes(target, layout_stats)
             passes += [
                 relax.transform.LegalizeOps(),
                 relax.transform.AnnotateTIROpPattern(),
@@ -133,7 +140,7 @@ def cpu_relax_pipeline(target, extra_schedule_passes=None, *, convert_layout: bo
             ]
             if not stop_before_schedule:
                 passes += extra
-                passes += cpu_schedule_passes(target)
+                passes += cpu_schedule_passes(target, layout_stats)
                 passes += cpu_pipe.dataflow_lower_passes(target)
                 passes += cpu_pipe.finalize_passes(target)
             mod = tvm.transform.Sequential(passes)(mod)

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from .... import tvm_compat
 from ....dtypes import LOW_TYPES
+from ...layout import REPORT_LABELS as LAYOUT_LABELS
+from ...layout import convert_layout
 from ..registry import register
 from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
 
@@ -166,7 +168,7 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None):
     relax = tvm_compat.relax()
     if not count_gemm_convs(mod):
         return mod
-    mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
+    mod = convert_layout(mod, CONV_LAYOUTS, stats)  # guarded: backends/layout.py
 
     implicit_count = []
 
@@ -191,6 +193,6 @@ def conv_to_gemm_pass(implicit: bool = False, stats: dict | None = None):
 
 @register("conv_as_gemm", "graph", 10, switch="conv_as_gemm", reads=("implicit_gemm",),
           labels={"convs_as_gemm": "convolutions as GEMMs",
-                  "implicit_gemm_convs": "of them implicit GEMMs"})
+                  "implicit_gemm_convs": "of them implicit GEMMs", **LAYOUT_LABELS})
 def make_pass(ctx):
     return conv_to_gemm_pass(ctx.cuda.implicit_gemm, ctx.stats)
