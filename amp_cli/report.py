@@ -122,15 +122,17 @@ def render_markdown(r: dict) -> str:
     for row in p.get("op_dtypes") or []:
         lines.append(f"| {row['op']} | {row['inputs']} | {row['output']} | {row['count']} |")
     if p["kept_fp32"]:
-        lines += ["", "Kept in fp32:", "", "| node | op | why |", "|---|---|---|"]
+        lines += ["", "Kept in fp32:", "", "| node | op | ops | why |", "|---|---|---|---|"]
         for k in p["kept_fp32"]:
-            lines.append(f"| {k['node']} | {k['op']} | {k['reason']} |")
+            lines.append(f"| {k['node']} | {k['op']} | {k.get('count', 1)} | {k['reason']} |")
     if p["constants"]:
-        lines += ["", "Constants outside the target type's range (op kept in fp32):", "",
-                  "| node | op | max abs | limit |", "|---|---|---|---|"]
+        lines += ["", "Constants outside the target type's range (kept-fp32: the op stays in "
+                      "fp32; saturated-mask: a masking sentinel, now the type's largest finite "
+                      "value):", "", "| node | op | max abs | limit | action |",
+                  "|---|---|---|---|---|"]
         for c in p["constants"]:
             lines.append(f"| {c['node']} | {c['op']} | {_fmt(c['max_abs'])} | "
-                         f"{_fmt(c['limit'])} |")
+                         f"{_fmt(c['limit'])} | {c['action']} |")
     lines += ["", "## Build", "",
               f"- {len(b['kernels'])} kernels, {_fmt(b['seconds'])} s, library "
               f"{b['size_bytes']:,} bytes"]

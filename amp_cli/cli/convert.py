@@ -77,7 +77,8 @@ def summary_line(report: dict, out) -> str:
     parts = [f"amp: wrote {out}/model.so ({b['size_bytes'] / 1e6:.1f} MB, {len(b['kernels'])} "
              f"kernels, {b['seconds']:.1f} s)",
              f"  precision {p['dtype']}: {p['converted_ops']}/{p['total_ops']} ops converted, "
-             f"{len(p['kept_fp32'])} kept in fp32, {p['casts_inserted']} casts"]
+             f"{sum(k.get('count', 1) for k in p['kept_fp32'])} kept in fp32, "
+             f"{p['casts_inserted']} casts"]
     if report["target"].get("kind") == "cuda":
         parts.append(f"  cuda {report['target'].get('arch')}: {b['tensor_core_kernels']} "
                      f"tensor-core kernels, "

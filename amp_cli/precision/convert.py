@@ -111,6 +111,7 @@ class Converter:
         self.saturate = {}  # id(constant) -> constant: masking sentinels to saturate on cast
         self.cast_cache = {}
         self.const_cache = {}
+        self.kept_rows = {}  # (node, op, reason) -> its KeptNode row
 
     tensor_dtype = staticmethod(tensor_dtype)
 
@@ -265,7 +266,13 @@ class Converter:
         return mode, reason
 
     def keep(self, node: str, op: str, reason: str) -> None:
-        self.report.kept_fp32.append(KeptNode(node=node, op=op, reason=reason))
+        """Record an op kept in fp32: one row per (node, op, reason), counted."""
+        key = (node, op, reason)
+        row = self.kept_rows.get(key)
+        if row is None:
+            row = self.kept_rows[key] = KeptNode(node=node, op=op, reason=reason, count=0)
+            self.report.kept_fp32.append(row)
+        row.count += 1
 
     def remap_expr(self, expr):
         relax = self.relax

@@ -11,6 +11,7 @@ class KeptNode:
     op: str
     reason: str  # policy | excluded-op | excluded-node | constant-range | fp32-input | unknown-op
     #             | opaque-call | control-flow
+    count: int = 1  # ops of this node kept for this reason (an LSTM node has many)
 
     def to_dict(self):
         return dataclasses.asdict(self)
