@@ -214,3 +214,27 @@ def test_onnx_pattern_after_conv_matches_ort(pattern, size, tmp_path):
         conv.cleanup()
     assert got.shape == ref.shape
     assert metrics(ref, got)["rel_l2"] <= 1e-5, metrics(ref, got)
+
+
+@pytest.mark.slow
+def test_light_resnet50_converts_for_llvm(tmp_path):
+    """ONNX's own light_resnet50 (shipped in the onnx wheel; 16 Sum residual joins): the issue 20
+    row ``Invalid SLayout: can't find S in source layout ABC``. Its weights are constants, so its
+    fp32 output does not depend on the input and the accuracy check cannot tell anything; this
+    checks that it builds in NHWC with every Sum as adds, and runs."""
+    from pathlib import Path
+
+    import onnx
+
+    import amp_cli
+
+    path = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
+    if not path.exists():
+        pytest.skip("this onnx wheel does not ship light_resnet50")
+    cfg = amp_cli.ConvertConfig(target="llvm", check_accuracy=False)
+    cfg.precision.precision = "fp32"
+    conv = amp_cli.convert(amp_cli.load(path), cfg, isolate=False)
+    try:
+        assert cpu.LAST_STATS["layout"] == {"layout_stack_reductions": 16}
+    finally:
+        conv.cleanup()
