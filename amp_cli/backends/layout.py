@@ -64,11 +64,14 @@ def _count(stats: dict | None, key: str, n: int) -> None:
 
 
 def _tuple_fields(expr, lookup):
-    """The fields of a Relax tuple expression (inline, or a Var bound to one), else None."""
+    """The fields of a Relax tuple expression: those of a Tuple (inline, or bound to a Var),
+    else ``expr[i]`` for each field of its tuple type (a split's outputs); None otherwise."""
     relax = tvm_compat.relax()
-    if isinstance(expr, relax.Var):
-        expr = lookup(expr)
-    return list(expr.fields) if isinstance(expr, relax.Tuple) else None
+    bound = lookup(expr) if isinstance(expr, relax.Var) else expr
+    if isinstance(bound, relax.Tuple):
+        return list(bound.fields)
+    fields = getattr(expr.ty, "fields", None)
+    return [relax.TupleGetItem(expr, i) for i in range(len(fields))] if fields else None
 
 
 def _squeeze_axes(bb, call, _lookup):

@@ -48,6 +48,9 @@ CASES = {
     "stack_axis2": lambda y, rng: R.stack([y, R.nn.relu(y)], axis=2),
     "stack_last_axis": lambda y, rng: R.stack([y, R.nn.relu(y)], axis=4),
     "stack_negative_axis": lambda y, rng: R.stack([y, R.nn.relu(y)], axis=-1),
+    "sum_of_stack_of_split": lambda y, rng: R.sum(R.stack(R.split(y, 3, axis=1), axis=0),
+                                                  axis=[0]),
+    "stack_of_split": lambda y, rng: R.stack(R.split(y, 2, axis=-3), axis=1),
     "sum_of_stack_other_axis": lambda y, rng: R.sum(R.stack([y, R.nn.relu(y)], axis=0),
                                                     axis=[1]),
     # norms: multi-axis layer norm (ONNX LayerNormalization axis=1 on an image), RMS norm over W
