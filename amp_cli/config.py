@@ -104,6 +104,8 @@ class CudaConfig:
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
+    # depthwise/grouped convs as amp's NHWC kernel: channel vectors per thread, rows in registers
+    depthwise_conv: bool = True
     # sm_90: NT GEMMs as wgmma + TMA kernels (TIRx), epilogue fused; builds compile for sm_90a
     hopper_gemm: bool = True
 

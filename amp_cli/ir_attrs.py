@@ -11,6 +11,9 @@ HOPPER_TILE = "amp.hopper_tile"  # the wgmma tile a Hopper GEMM kernel uses (for
 TUNED_WORKLOAD = "amp.tuned_workload"  # set on kernels that took a tuning record
 OP_PATTERN = "op_pattern"  # Relax's fusion pattern of a PrimFunc
 
+# Block annotations
+GROUPED_CONV = "amp.grouped_conv"  # amp's grouped conv block; value: output channels per group
+
 # Relax binding names
 ONNX_NODE_PREFIX = "onnx:"  # the importer names each ONNX node's last binding "onnx:<node>"
 

@@ -160,7 +160,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "split_k": True, "implicit_gemm": True,
                                         "fused_attention": True, "fused_norm_cast": True,
                                         "small_gemm": True, "unroll_injective": True,
-                                        "hopper_gemm": True}
+                                        "depthwise_conv": True, "hopper_gemm": True}
     md = (out / "report.md").read_text()
     assert "CUDA graphs off, convolutions as GEMMs on" in md
     # the graph rewrites are counted: every matmul of tiny_bert has an fp16 constant weight

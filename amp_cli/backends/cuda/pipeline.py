@@ -35,9 +35,9 @@ from .rules.fallible import fallible
 
 # Importing a module registers its rewrites / rules (registry.py); each states its order.
 from .kernels import hopper_gemm  # noqa: F401
-from .rewrites import (combine_gemm, conv_gemm, fused_attention, matmul_nt,  # noqa: F401
-                       norm_cast, reshape_sink)
-from .rules import dlight_rules, injective, matmul  # noqa: F401
+from .rewrites import (combine_gemm, conv_gemm, depthwise_conv, fused_attention,  # noqa: F401
+                       matmul_nt, norm_cast, reshape_sink)
+from .rules import depthwise, dlight_rules, injective, matmul  # noqa: F401
 
 RENAMED = "names_made_identifiers"  # build-report count of make_identifiers' renames
 
