@@ -21,12 +21,14 @@ import pytest
 tvm = pytest.importorskip("tvm")
 pytest.importorskip("onnx")
 
-from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.backends.cuda.kernels import depthwise  # noqa: E402
-from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
-from amp_cli.backends.cuda.rewrites.depthwise_conv import (  # noqa: E402
-    count_grouped_convs, grouped_convs_to_nhwc_kernel)
-from amp_cli.backends.cuda.rules.depthwise import AmpGroupedConv  # noqa: E402
+from amp_cli import tvm_compat
+from amp_cli.backends.cuda.kernels import depthwise
+from amp_cli.backends.cuda.rewrites.base import calls, op_name
+from amp_cli.backends.cuda.rewrites.depthwise_conv import (
+    count_grouped_convs,
+    grouped_convs_to_nhwc_kernel,
+)
+from amp_cli.backends.cuda.rules.depthwise import AmpGroupedConv
 
 relax = tvm.relax
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -42,7 +44,7 @@ def np_dtype(dtype: str):
 def grouped_conv_ref(x, w, strides, padding, groups):
     """float64 NHWC grouped conv: x [N,H,W,Cin], w [kh,kw,cin_g,O], padding (t, l, b, r)."""
     x, w = x.astype(np.float64), w.astype(np.float64)
-    n, _, _, cin = x.shape
+    n = x.shape[0]
     kh, kw, cin_g, o = w.shape
     sh, sw = strides
     xp = np.pad(x, ((0, 0), (padding[0], padding[2]), (padding[1], padding[3]), (0, 0)))
@@ -113,6 +115,7 @@ SCHEDULE_CASES = [
     (2, 10, 10, 16, 32, 3, 1, 1, 4, "float16"),              # grouped: 4 in, 8 out per group
     (2, 10, 10, 8, 16, 3, 2, 1, 8, "float16"),               # channel multiplier 2
     (1, 6, 6, 40, 40, 3, 1, 1, 2, "float32"),                # grouped, 20 per group (loop)
+    (1, 7, 7, 16, 4, 3, 1, 1, 4, "float16"),                 # 4 inputs per output channel
 ]
 
 

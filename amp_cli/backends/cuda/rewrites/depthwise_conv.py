@@ -24,12 +24,12 @@ convs to NHWC too. Dilated convs stay TOPI convolutions.
 from __future__ import annotations
 
 from .... import tvm_compat
+from ...layout import REPORT_LABELS as LAYOUT_LABELS
+from ...layout import convert_layout
 from ..kernels import depthwise
 from ..registry import register
 from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
 from .conv_gemm import CONV_LAYOUTS
-from ...layout import REPORT_LABELS as LAYOUT_LABELS
-from ...layout import convert_layout
 
 DTYPES = ("float16", "bfloat16", "float32")
 COUNT = "grouped_convs"  # build-report count

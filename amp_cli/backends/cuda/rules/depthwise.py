@@ -30,7 +30,7 @@ def _make_rule():
     return AmpGroupedConv
 
 
-def AmpGroupedConv():  # noqa: N802 - a rule instance, named like dlight's rules
+def AmpGroupedConv():
     """amp's depthwise/grouped convolution rule (an instance of a dlight ``ScheduleRule``)."""
     return _make_rule()()
 
