@@ -89,7 +89,8 @@ def parse_args(argv):
 def stand_in_model():
     """A small torchvision-free network with what the three models have: inverted residual
     (1x1 + BN + Hardswish, 3x3 depthwise + BN + ReLU, squeeze-excite, 1x1 + BN), a 5x5/2
-    depthwise + SiLU, a 7x7 depthwise with bias (ConvNeXt), pooled classifier."""
+    depthwise + SiLU, a ConvNeXt block (7x7 depthwise with bias, permute, LayerNorm, MLP with
+    GELU, layer scale, residual), pooled classifier."""
     import torch
     from torch import nn
 
@@ -107,14 +108,20 @@ def stand_in_model():
             self.project = nn.Sequential(nn.Conv2d(64, 16, 1, bias=False), nn.BatchNorm2d(16))
             self.down = nn.Sequential(nn.Conv2d(16, 16, 5, 2, 2, groups=16, bias=False),
                                       nn.BatchNorm2d(16), nn.SiLU())
+            # ConvNeXt: 7x7 depthwise, channels-last LayerNorm + MLP, layer scale, residual
             self.cnx = nn.Conv2d(16, 16, 7, 1, 3, groups=16)
+            self.norm = nn.LayerNorm(16, eps=1e-6)
+            self.mlp = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+            self.gamma = nn.Parameter(torch.full((16,), 0.5))
             self.head = nn.Linear(16, 10)
 
         def forward(self, x):
             x = self.stem(x)
             y = self.dw(self.expand(x))
             x = x + self.project(y * self.se(y))
-            x = self.cnx(self.down(x))
+            x = self.down(x)
+            y = self.norm(self.cnx(x).permute(0, 2, 3, 1))
+            x = x + (self.gamma * self.mlp(y)).permute(0, 3, 1, 2)
             return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
     return Block()
