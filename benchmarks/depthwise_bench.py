@@ -247,6 +247,29 @@ def build_layer_kernels(mod, target, on: bool):
     return ex, func, vm_ex, name
 
 
+def tw_sweep_kernels(mod, target, wo: int) -> dict:
+    """{tw: standalone executable} of amp's kernel with each outputs-per-thread choice along W
+    (``kernels/depthwise.TW_CHOICES`` dividing Wo), to check ``plan``'s heuristic."""
+    from amp_cli import tvm_compat
+    from amp_cli.backends.cuda.kernels import depthwise
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+    from amp_cli.hardware import arch_sm
+
+    tvm = tvm_compat.tvm()
+    with target:
+        fused = cuda_relax_pipeline(target, cuda_graph=False, stop_before_schedule=True)(mod)
+    func = next(f for gv, f in fused.functions_items() if "amp_dwconv" in gv.name_hint)
+    out = {}
+    for tw in depthwise.TW_CHOICES:
+        sch = depthwise.schedule_conv(func, arch_sm(target), tw=tw)
+        if sch is not None:
+            out[tw] = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr(
+                "global_symbol", "main")}), target=target,
+                tir_pipeline=cuda_tir_pipeline(target, []))
+    return out
+
+
 def time_in_graph(call, warmup: int, repeat: int) -> float:
     """Median seconds per ``call`` with ``GRAPH_CALLS`` calls captured in one CUDA graph (TVM
     kernels join the capture through tvm_ffi's torch stream context)."""
@@ -318,6 +341,19 @@ def bench_layers(args, target, gpu: bool, result: dict) -> None:
                 kargs = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in p.shape])
                                             .astype(str(p.dtype)), dev) for p in func.params]
                 runners[key] = (lambda f=ex["main"], a=kargs: f(*a))
+            if on:
+                from amp_cli.backends.cuda.kernels import depthwise
+                from amp_cli.hardware import arch_sm
+
+                row["amp_plan"] = vars(depthwise.plan(n, ho, ho, c, 1, "float16",
+                                                      arch_sm(target)))
+                try:
+                    for tw, tw_ex in tw_sweep_kernels(mod, target, ho).items():
+                        if gpu:
+                            runners[f"amp_tw{tw}"] = (lambda f=tw_ex["main"], a=kargs: f(*a))
+                        row.setdefault("tw_built", []).append(tw)
+                except Exception as exc:  # noqa: BLE001
+                    row["tw_sweep_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         if gpu:
             import torch
 
@@ -482,7 +518,7 @@ def render(result: dict) -> str:
     if result["layers"]:
         head = (f"{'layer (NHWC fp16, bias+act fused)':<34} {'floor us':>8} {'amp us':>8} "
                 f"{'off us':>8} {'cudnn us':>8} {'amp GB/s':>8} {'amp/off':>7} {'amp/cudnn':>9} "
-                f"{'amp err':>8}")
+                f"{'amp err':>8}  amp us at tw=4/2/1")
         lines += ["", head, "-" * len(head)]
         for r in result["layers"]:
             amp, off, cudnn = r.get("amp_us"), r.get("amp_off_us"), r.get("torch_eager_us")
@@ -491,7 +527,9 @@ def render(result: dict) -> str:
                 f"{_f(cudnn):>8} {_f(r['bytes'] / amp / 1e3 if amp else None, '.0f'):>8} "
                 f"{_f(amp / off if amp and off else None):>7} "
                 f"{_f(amp / cudnn if amp and cudnn else None):>9} "
-                f"{_f(r.get('amp_max_rel_err'), '.1e'):>8}"
+                f"{_f(r.get('amp_max_rel_err'), '.1e'):>8}  "
+                + "/".join(_f(r.get(f"amp_tw{t}_us")) for t in (4, 2, 1))
+                + f" (plan tw={(r.get('amp_plan') or {}).get('tw')})"
                 + "".join(f"  [{k}: {v}]" for k, v in r.items() if k.endswith("_error")))
         lines.append("floor: input + output bytes at 4.8 TB/s; each runner timed as 20 calls in "
                      "one CUDA graph; off = TOPI + dlight (switch off); cudnn = torch fp16 eager "

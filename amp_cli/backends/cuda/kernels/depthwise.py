@@ -99,22 +99,23 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
 
 
-def plan(n: int, ho: int, wo: int, c: int, cout_g: int, dtype: str, sm: int) -> Plan:
+def plan(n: int, ho: int, wo: int, c: int, cout_g: int, dtype: str, sm: int,
+         tw: int | None = None) -> Plan:
     """Tile sizes for an [n, ho, wo, c] output: the widest vector of channels that divides C
     (and the group's output channels), as many outputs along W per thread as keep at least two
-    256-thread blocks' worth of threads per SM for every SM (latency hiding beats reuse), and
-    blocks of up to ``BLOCK_THREADS`` threads whose sizes divide the extents (no predicates)."""
+    256-thread blocks' worth of threads per SM for every SM (a guess, to be measured: latency
+    hiding against reuse), and blocks of up to ``BLOCK_THREADS`` threads whose sizes divide the
+    extents (no predicates). ``tw``: outputs per thread along W instead (a divisor of ``wo``;
+    benchmarks/depthwise_bench.py sweeps it)."""
     max_vec = LOAD_BYTES // DTYPE_BYTES.get(dtype, 4)
     vec = next(v for v in (8, 4, 2, 1)
                if v <= max_vec and c % v == 0 and (cout_g == 1 or cout_g % v == 0))
     lanes = c // vec
     tx = _largest_divisor(lanes, MAX_TX)
     min_threads = 2 * sm_count(sm) * BLOCK_THREADS
-    tw = 1
-    for cand in TW_CHOICES:
-        if wo % cand == 0 and n * ho * (wo // cand) * lanes >= min_threads:
-            tw = cand
-            break
+    if tw is None:
+        tw = next((t for t in TW_CHOICES
+                   if wo % t == 0 and n * ho * (wo // t) * lanes >= min_threads), 1)
     ty = _largest_divisor(n * ho * (wo // tw), max(1, BLOCK_THREADS // tx))
     return Plan(vec, tx, ty, tw)
 
@@ -148,12 +149,12 @@ def _writes_output(sch, block_rv, outputs) -> bool:
     return any(region.source.same_as(b) for region in sch.get(block_rv).writes for b in outputs)
 
 
-def schedule_conv(func, sm: int, bind: bool = True):
+def schedule_conv(func, sm: int, bind: bool = True, tw: int | None = None):
     """A ``tvm.s_tir.Schedule`` of ``func`` (a PrimFunc with one :func:`conv_te` block and any
     fused producers/epilogue), or None when ``func`` is not one or its shape is not supported
     (non-static extents, a producer or consumer that cannot be inlined). ``bind``: map the
     loops to CUDA threads (False leaves them serial, so a CPU build can check the schedule's
-    values)."""
+    values). ``tw``: outputs per thread along W instead of :func:`plan`'s (a divisor of Wo)."""
     tvm = tvm_compat.tvm()
     sch = tvm.s_tir.Schedule(func)
     found = find_conv_block(sch)
@@ -193,7 +194,9 @@ def schedule_conv(func, sm: int, bind: bool = True):
         sch.set_scope(conv, 0, "local")
 
     dtype = _input_dtype(sch.get(conv))
-    p = plan(n, ho, wo, c, cout_g, dtype, sm)
+    if tw is not None and wo % tw:
+        return None
+    p = plan(n, ho, wo, c, cout_g, dtype, sm, tw)
 
     loops = sch.get_loops(conv)
     ln, lh, lw, lc, li, lj = loops[:6]
