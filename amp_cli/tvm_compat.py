@@ -3,6 +3,9 @@
 amp is written against apache-tvm 0.27 (Relax + s_tir: MetaSchedule and dlight moved under
 ``tvm.s_tir``; targets are dicts). A TVM upgrade should touch this file only. Imports are lazy
 so ``amp --help`` never pays for TVM.
+
+Long because every version-bound TVM name amp uses is spelled here, by design: one file to
+change on an upgrade.
 """
 from __future__ import annotations
 
