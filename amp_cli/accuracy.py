@@ -168,29 +168,47 @@ def flatten_outputs(out):
 
 
 def check_accuracy(model, library: str, device: str, seed: int, samples: int = 1) -> dict:
-    """Run the library and the fp32 reference on seeded random inputs; metrics per output."""
+    """Run the library and the fp32 reference on seeded random inputs; metrics per output.
+    A model with dynamic dims is checked at each of ``model.check_points()`` (every dim at its
+    minimum, optimum, maximum): ``points`` has the worst case of each, the rest is the worst
+    over all of them."""
     runner = LibraryRunner(library, device)
     order = [s.name for s in model.inputs]
     per_output: list[dict] = []
-    for k in range(samples):
-        feeds = random_inputs(model.inputs, seed + k)
-        ref = model.reference(feeds)
-        got = runner(feeds, order)
-        if len(ref) != len(got):
-            raise InputError(f"reference has {len(ref)} outputs, the build {len(got)}")
-        for i, (r, g) in enumerate(zip(ref, got)):
-            m = metrics(r, g)
-            if k == 0:
-                per_output.append({"output": model.outputs[i] if i < len(model.outputs)
-                                   else f"output{i}", **m})
-            else:
-                for key in ("max_abs", "rel_l2", "nonfinite_share",
-                            "reference_nonfinite_share"):
-                    if key in m:
-                        per_output[i][key] = max(per_output[i].get(key, 0.0), m[key])
-                per_output[i]["cosine"] = min(per_output[i]["cosine"], m["cosine"])
-    return {"device": device, "samples": samples, "seed": seed, "outputs": per_output,
-            "worst": summarize(per_output)}
+    points = []
+    for sizes in model.check_points():
+        specs = model.inputs_at(sizes)
+        at_point: list[dict] = []
+        for k in range(samples):
+            feeds = random_inputs(specs, seed + k)
+            ref = model.reference(feeds)
+            got = runner(feeds, order)
+            if len(ref) != len(got):
+                raise InputError(f"reference has {len(ref)} outputs, the build {len(got)}")
+            merge_metrics(at_point, [metrics(r, g) for r, g in zip(ref, got)], model.outputs)
+        merge_metrics(per_output, at_point, model.outputs)
+        if model.dynamic:
+            points.append({"dims": dict(sizes), "inputs": {s.name: list(s.shape) for s in specs},
+                           "worst": summarize(at_point)})
+    result = {"device": device, "samples": samples, "seed": seed, "outputs": per_output,
+              "worst": summarize(per_output)}
+    if points:
+        result["points"] = points
+    return result
+
+
+def merge_metrics(into: list[dict], new: list[dict], names: list[str]) -> None:
+    """Fold per-output metrics ``new`` into ``into`` (worst case: the largest errors, the
+    smallest cosine); an empty ``into`` takes them, named after ``names``."""
+    for i, m in enumerate(new):
+        if i >= len(into):
+            into.append({"output": names[i] if i < len(names) else f"output{i}",
+                         **{k: v for k, v in m.items() if k != "output"}})
+            continue
+        for key in ("max_abs", "rel_l2", "nonfinite_share", "reference_nonfinite_share"):
+            if key in m:
+                into[i][key] = max(into[i].get(key, 0.0), m[key])
+        into[i]["cosine"] = min(into[i]["cosine"], m["cosine"])
 
 
 def compare_outputs(reference, outputs, model=None) -> dict | None:

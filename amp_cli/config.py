@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,11 +112,26 @@ class CudaConfig:
 
 
 @dataclass
+class DynamicConfig:
+    """Builds with dynamic dims: one library for every shape in the ranges
+    (docs/dynamic-shapes.md). The ranges themselves are ``input_shapes`` entries or ``dims``."""
+
+    # the model's own dim names -> an int or a range "LO..HI(OPT)" (--dynamic batch=1..32)
+    dims: dict[str, int | str] = field(default_factory=dict)
+    # also compile the model at the optimum shape exactly (static kernels, every static-shape
+    # rewrite); main runs that copy for inputs of exactly that shape
+    specialize_optimum: bool = True
+
+
+@dataclass
 class ConvertConfig:
     target: str = "cuda"
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     accuracy: AccuracyConfig = field(default_factory=AccuracyConfig)
-    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    # input name -> dims: an int (fixed) or a range "LO..HI" / "LO..HI(OPT)" (a dynamic dim,
+    # docs/dynamic-shapes.md); a whole shape may be one string, "1..32(8)x128"
+    input_shapes: dict[str, list[int | str]] = field(default_factory=dict)
+    dynamic: DynamicConfig = field(default_factory=DynamicConfig)
     tuning_db: str | None = None
     simplify: bool = True  # onnx shape inference + onnxslim before import
     check_accuracy: bool = True
@@ -222,28 +238,123 @@ def validate(cfg: ConvertConfig) -> None:
         raise ConfigError(f"accumulate must be one of {', '.join(ACCUMULATE)}, got "
                           f"'{p.accumulate}'")
     validate_auto_precision(cfg.auto_precision)
-    for name, dims in cfg.input_shapes.items():
-        if not isinstance(dims, (list, tuple)) or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
-            raise ConfigError(f"input_shapes.{name}: expected a list of positive ints, got "
-                              f"{dims!r}")
+    # canonical forms (ints and "LO..HI(OPT)" strings), so the report shows one spelling
+    cfg.input_shapes = {name: canonical_shape(dims, f"input_shapes.{name}")
+                        for name, dims in cfg.input_shapes.items()}
+    cfg.dynamic.dims = {name: canonical_dim(parse_dim(value, f"dynamic.dims.{name}"))
+                        for name, value in cfg.dynamic.dims.items()}
 
 
-def parse_input_shape(text: str) -> tuple[str, list[int]]:
-    """'x:1x3x224x224' -> ('x', [1, 3, 224, 224]). Names may contain ':' (the last one splits)."""
+# ---------------------------------------------------------------------------------------------
+# Shapes: fixed dims and ranges (docs/dynamic-shapes.md)
+
+_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?:\((\d+)\)|@(\d+))?$")
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """The sizes a dynamic dim accepts, ``lo..hi`` inclusive, and the size to optimize for
+    (``opt``; unset: ``hi``). Written ``LO..HI`` or ``LO..HI(OPT)`` (``LO..HI@OPT`` too: no
+    shell quoting needed)."""
+
+    lo: int
+    hi: int
+    opt: int | None = None
+
+    @property
+    def optimum(self) -> int:
+        return self.hi if self.opt is None else self.opt
+
+    def points(self) -> list[int]:
+        """The sizes the accuracy check runs at: min, optimum, max (distinct, ascending)."""
+        return sorted({self.lo, self.optimum, self.hi})
+
+    def __contains__(self, size) -> bool:
+        return self.lo <= int(size) <= self.hi
+
+    def __str__(self) -> str:
+        return f"{self.lo}..{self.hi}" + (f"({self.opt})" if self.opt is not None else "")
+
+
+def parse_dim(value, where: str) -> int | DimRange:
+    """An int (a fixed dim) or a range: ``8``, ``"1..32"``, ``"1..32(8)"``, ``"1..32@8"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a positive int or a range LO..HI(OPT), got "
+                          f"{value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ConfigError(f"{where}: dims must be positive, got {value}")
+        return value
+    if isinstance(value, DimRange):
+        return value
+    text = str(value).strip() if isinstance(value, str) else None
+    if text is not None and text.isdigit():
+        return parse_dim(int(text), where)
+    m = _RANGE.match(text or "")
+    if not m:
+        raise ConfigError(f"{where}: '{value}' is neither a positive int nor a range LO..HI or "
+                          f"LO..HI(OPT) (such as 1..32(8))")
+    lo, hi = int(m.group(1)), int(m.group(2))
+    opt = m.group(3) or m.group(4)
+    opt = int(opt) if opt is not None else None
+    if lo < 1 or lo > hi:
+        raise ConfigError(f"{where}: range {text} must have 1 <= LO <= HI")
+    if opt is not None and not lo <= opt <= hi:
+        raise ConfigError(f"{where}: the optimum {opt} of {lo}..{hi} is outside the range")
+    return DimRange(lo, hi, opt)
+
+
+def canonical_dim(dim: int | DimRange) -> int | str:
+    return dim if isinstance(dim, int) else str(dim)
+
+
+def canonical_shape(dims, where: str) -> list[int | str]:
+    """A shape (a list of ints / range strings, or one string ``"1..32(8)x128"``) in canonical
+    form: ints for fixed dims, ``"LO..HI(OPT)"`` strings for ranges."""
+    if isinstance(dims, str):
+        dims = split_dims(dims)
+    if not isinstance(dims, (list, tuple)) or not dims:
+        raise ConfigError(f"{where}: expected a list of dims (positive ints or ranges "
+                          f"LO..HI(OPT)), got {dims!r}")
+    return [canonical_dim(parse_dim(d, f"{where}[{i}]")) for i, d in enumerate(dims)]
+
+
+def split_dims(text: str) -> list[str]:
+    return text.lower().replace(",", "x").split("x") if text else []
+
+
+def parse_input_shape(text: str) -> tuple[str, list[int | DimRange]]:
+    """'x:1x3x224x224' -> ('x', [1, 3, 224, 224]); a dim may be a range: 'ids:1..32(8)x128' ->
+    ('ids', [DimRange(1, 32, 8), 128]). Names may contain ':' (the last one splits)."""
     name, sep, dims = text.rpartition(":")
+    example = f"{name or 'input'}:1x3x224x224 or {name or 'input'}:1..32(8)x3x224x224"
     if not sep or not name:
-        raise ConfigError(f"--input-shape '{text}': expected NAME:DxDxD, e.g. input:1x3x224x224")
-    parts = dims.lower().replace(",", "x").split("x") if dims else []
-    try:
-        shape = [int(d) for d in parts]
-    except ValueError:
-        raise ConfigError(f"--input-shape '{text}': dims must be positive integers separated by "
-                          f"'x', e.g. {name}:1x3x224x224") from None
-    if not shape or any(d <= 0 for d in shape):
-        raise ConfigError(f"--input-shape '{text}': dims must be positive integers separated by "
-                          f"'x', e.g. {name}:1x3x224x224")
+        raise ConfigError(f"--input-shape '{text}': expected NAME:DxDxD, e.g. {example}")
+    parts = split_dims(dims)
+    if not parts:
+        raise ConfigError(f"--input-shape '{text}': no dims; e.g. {example}")
+    shape = []
+    for axis, part in enumerate(parts):
+        try:
+            shape.append(parse_dim(part, f"dim {axis}"))
+        except ConfigError as exc:
+            raise ConfigError(f"--input-shape '{text}': {exc}; dims are positive integers or "
+                              f"ranges separated by 'x', e.g. {example}") from None
     return name, shape
+
+
+def parse_dynamic(text: str) -> tuple[str, int | DimRange]:
+    """'batch=1..32(8)' -> ('batch', DimRange(1, 32, 8)): a range for every input dim the model
+    names ``batch``."""
+    name, sep, value = text.partition("=")
+    example = "e.g. batch=1..32(8)"
+    if not sep or not name.strip():
+        raise ConfigError(f"--dynamic '{text}': expected DIM=LO..HI or DIM=LO..HI(OPT) with "
+                          f"DIM a dim name of the model, {example}")
+    try:
+        return name.strip(), parse_dim(value.strip(), f"--dynamic '{text}'")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; {example}") from None
 
 
 TOLERANCE_METRICS = ("rel_l2", "max_abs", "cosine")

@@ -136,7 +136,7 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
     cfg = resolve_config(cfg, target.kind)
     if cfg.threads:
         set_num_threads(cfg.threads)
-    notes = list(target.notes)
+    notes = list(target.notes) + dynamic_notes(model, target, cfg)
     missing = [n for n in cfg.precision.policy.exclude_nodes if n not in model.node_types]
     if missing and model.node_types:
         notes.append(f"--exclude-node names no node of the model: {', '.join(missing)}")
@@ -170,6 +170,20 @@ def convert(model: LoadedModel, cfg: ConvertConfig | None = None,
                       attempt.accuracy, report, staging, notes)
 
 
+def dynamic_notes(model: LoadedModel, target: ResolvedTarget, cfg: ConvertConfig) -> list:
+    """What the report says about a model with dynamic dims (docs/dynamic-shapes.md)."""
+    if not model.dynamic:
+        return []
+    ranges = ", ".join(f"{n} {r}" for n, r in model.dynamic.items())
+    notes = [f"dynamic dims {ranges}: one library for every shape in the ranges; a shape "
+             f"outside them raises AssertionError naming the ranges; the accuracy check runs "
+             f"at each dim's minimum, optimum and maximum"]
+    if target.is_cuda and cfg.cuda.cuda_graph:
+        notes.append("CUDA graphs are off for dynamic dims (TVM would capture one graph per "
+                     "shape seen, without bound)")
+    return notes
+
+
 @dataclass
 class _Attempt:
     """One conversion + build + accuracy check."""
@@ -199,8 +213,9 @@ def _build_checked(model, cfg, target, auto, staging, isolate, step, notes) -> _
     # a file per attempt: a process that loaded a library from a path keeps getting that one
     # from dlopen, so a second attempt written over it would be checked with the first's code
     attempt_dir = tempfile.mkdtemp(prefix="attempt-", dir=staging)
+    specialize = cfg.dynamic.specialize_optimum
     result = build(mod, target, os.path.join(attempt_dir, "model.so"), cfg.tuning_db,
-                   isolate=isolate, cuda=cfg.cuda)
+                   isolate=isolate, cuda=cfg.cuda, specialize=specialize)
     accuracy = {}
     if cfg.check_accuracy:
         if target.is_cuda and tvm_compat.has_cuda_device():
@@ -208,7 +223,7 @@ def _build_checked(model, cfg, target, auto, staging, isolate, step, notes) -> _
         elif target.is_cuda:
             step("cpu build for accuracy")
             cpu = build(mod, cpu_target(), os.path.join(attempt_dir, "cpu_check.so"),
-                        isolate=isolate)
+                        isolate=isolate, specialize=specialize)
             lib, device = cpu.library, "cpu"
             note = ("no GPU here: accuracy measured with a CPU (llvm) build of the same "
                     "converted module")
@@ -238,8 +253,9 @@ def _locate_nonfinite(model, mod, cfg, target, attempt_dir, result, isolate) -> 
     if cfg.cuda.cuda_graph:
         plain = dataclasses.replace(cfg.cuda, cuda_graph=False)
         library = build(mod, target, os.path.join(attempt_dir, "diagnose.so"), cfg.tuning_db,
-                        isolate=isolate, cuda=plain).library
-    feeds = random_inputs(model.inputs, cfg.accuracy.seed)
+                        isolate=isolate, cuda=plain,
+                        specialize=cfg.dynamic.specialize_optimum).library
+    feeds = random_inputs(model.example_inputs, cfg.accuracy.seed)
     found = first_nonfinite_call(library, "cuda", feeds, [s.name for s in model.inputs])
     if found is None:
         return ("inf/NaN on the GPU, but no single kernel wrote them in a run without CUDA "

@@ -34,6 +34,13 @@ class ConfigError(AmpError):
     """A config file or option is invalid."""
 
 
+class UsageError(ConfigError):
+    """A command-line option's value is malformed (``--input-shape``, ``--dynamic``): exit 2,
+    as click's own usage errors, in amp's one-line form."""
+
+    exit_code = EXIT_USAGE
+
+
 class ModelLoadError(AmpError):
     """The model could not be parsed or imported into TVM."""
 

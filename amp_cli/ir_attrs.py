@@ -14,6 +14,15 @@ OP_PATTERN = "op_pattern"  # Relax's fusion pattern of a PrimFunc
 # Block annotations
 GROUPED_CONV = "amp.grouped_conv"  # amp's grouped conv block; value: output channels per group
 
+# Relax function attributes of ``main`` (dynamic dims, docs/dynamic-shapes.md)
+TIR_VAR_UPPER_BOUND = "tir_var_upper_bound"  # TVM's: memory is planned for these sizes
+TIR_VAR_LOWER_BOUND = "tir_var_lower_bound"  # TVM's
+DIM_OPTIMUM = "amp.dim_optimum"  # the size each dynamic dim is optimized (tuned) for
+CAPTURE_SYMBOLIC_VARS = "relax.rewrite_cuda_graph.capture_symbolic_vars"  # TVM's: CUDA graphs
+
+# Relax functions amp adds to the library
+INPUT_RANGES_FUNCTION = "amp_input_ranges"  # () -> JSON text: the dynamic dims and ranges
+
 # Relax binding names
 ONNX_NODE_PREFIX = "onnx:"  # the importer names each ONNX node's last binding "onnx:<node>"
 

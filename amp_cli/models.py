@@ -138,6 +138,38 @@ def tiny_bert(batch=1, seq=12, hidden=75, heads=5, ffn=150, layers=1, seed=0):
                    [(x, [batch, seq, hidden], "float32")], "tiny_bert")
 
 
+def dynamic_bert(hidden=64, heads=4, ffn=128, layers=1, vocab=50, seed=0):
+    """A BERT-like encoder on token ids with a padding mask, whose inputs keep the symbolic
+    dims ``batch`` and ``sequence`` (Reshape with 0 = "copy this dim"): the model of the
+    dynamic-shape tests (docs/dynamic-shapes.md)."""
+    b = GraphBuilder(seed)
+    dh = hidden // heads
+    x = b.op("Gather", [b.weight(vocab, hidden, scale=1.0), "input_ids"], axis=0)
+    mask = b.op("Unsqueeze", [b.op("Cast", ["attention_mask"], to=1),
+                              b.const(np.array([1, 2], "int64"), "axes")])
+    one = b.const(np.array(1.0, "float32"), "one")
+    mask = b.op("Mul", [b.op("Sub", [one, mask]), b.const(np.array(-10000.0, "float32"), "neg")])
+    x = b.layer_norm(x, hidden)
+    heads_shape = b.const(np.array([0, 0, heads, dh], "int64"), "shape")
+    hidden_shape = b.const(np.array([0, 0, hidden], "int64"), "shape")
+    for _ in range(layers):
+        q, k, v = (b.op("Transpose", [b.op("Reshape", [b.linear(x, hidden, hidden),
+                                                        heads_shape])], perm=[0, 2, 1, 3])
+                   for _ in range(3))
+        s = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])])
+        s = b.op("Add", [b.op("Mul", [s, b.const(np.array(1 / np.sqrt(dh), "float32"))]),
+                         mask])
+        ctx = b.op("Transpose", [b.op("MatMul", [b.op("Softmax", [s], axis=-1), v])],
+                   perm=[0, 2, 1, 3])
+        ctx = b.op("Reshape", [ctx, hidden_shape])
+        x = b.layer_norm(b.op("Add", [x, b.linear(ctx, hidden, hidden)]), hidden)
+        h = b._gelu(b.linear(x, hidden, ffn))
+        x = b.layer_norm(b.op("Add", [x, b.linear(h, ffn, hidden)]), hidden)
+    dims = ["batch", "sequence"]
+    return b.model([("input_ids", dims, "int64"), ("attention_mask", dims, "int64")],
+                   [(x, dims + [hidden], "float32")], "dynamic_bert")
+
+
 EXAMPLES = {"tiny_cnn": tiny_cnn, "tiny_bert": tiny_bert}
 
 

@@ -111,6 +111,10 @@ def render_markdown(r: dict) -> str:
               "- inputs: " + ", ".join(f"`{i['name']}` {i['dtype']}"
                                        f"[{'x'.join(map(str, i['shape']))}]"
                                        for i in m["inputs"])]
+    if m.get("dynamic"):
+        lines.append("- dynamic dims (one library for every shape in the ranges; the library "
+                     "rejects others, and `amp_input_ranges()` returns them): " + ", ".join(
+                         f"`{n}` {rng}" for n, rng in m["dynamic"].items()))
     lines += [f"- {n}" for n in m.get("notes", [])] + [""]
     lines += ["## Precision", "",
               f"- ops converted to {p['dtype']}: {p['converted_ops']} of {p['total_ops']}; "
@@ -181,6 +185,17 @@ def render_markdown(r: dict) -> str:
         if w:
             lines.append(f"| **worst** | {_fmt(w['max_abs'])} | {_fmt(w['rel_l2'])} | "
                          f"{_fmt(w['cosine'])} | {_fmt(w['nonfinite_share'])} |")
+        if a.get("points"):
+            lines += ["", "Per shape (dynamic dims at their minimum, optimum, maximum):", "",
+                      "| dims | inputs | max abs | rel L2 | cosine | non-finite |",
+                      "|---|---|---|---|---|---|"]
+            for pt in a["points"]:
+                pw = pt["worst"]
+                lines.append(
+                    "| " + ", ".join(f"{k}={v}" for k, v in pt["dims"].items()) + " | "
+                    + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in pt["inputs"].items())
+                    + f" | {_fmt(pw['max_abs'])} | {_fmt(pw['rel_l2'])} | {_fmt(pw['cosine'])}"
+                    f" | {_fmt(pw['nonfinite_share'])} |")
         lines.append("")
     if r.get("auto_precision"):
         lines += render_markdown_section(r["auto_precision"])

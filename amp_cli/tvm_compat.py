@@ -200,6 +200,103 @@ def registered_mixed_precision_policy(op_name: str) -> int | None:
     return None if kind is None else int(kind)
 
 
+def symbolic_vars(func) -> list:
+    """The TIR variables (symbolic dims) that Relax function ``func`` defines, in the order
+    its parameters' shapes name them."""
+    found = list(relax().analysis.defined_symbolic_vars(func))
+    order = []
+    for p in func.params:
+        for d in getattr(getattr(p.ty, "shape", None), "values", None) or []:
+            match = [v for v in found if v.same_as(d)]
+            if match and not any(m.same_as(match[0]) for m in order):
+                order.append(match[0])
+    return order + [v for v in found if not any(v.same_as(o) for o in order)]
+
+
+def with_range_check(func, dims: list, bounds: list[tuple[int, int]], message: str):
+    """Relax function ``func`` asserting ``lo <= dim <= hi`` for each symbolic ``dim`` (of its
+    parameters) before anything else runs. On failure the VM raises Python's AssertionError
+    with ``message``, its ``{}`` placeholders filled with the dims' values."""
+    t = tvm()
+    rx = t.relax
+    conds = [c for d, (lo, hi) in zip(dims, bounds) for c in (d >= lo, d <= hi)]
+    call = rx.op.assert_op(rx.prim_value(t.tirx.all(*conds)),
+                           [rx.prim_value(d) for d in dims], message)
+    call = rx.BlockBuilder().normalize(call)
+    check = rx.BindingBlock([rx.VarBinding(rx.Var("amp_range_check", call.ty), call)])
+    body = rx.SeqExpr([check, *func.body.blocks], func.body.body)
+    return rx.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+
+
+def with_fresh_constants(func):
+    """Relax function ``func`` with each tensor constant a new node over the same data: graph
+    rewrites that key on constant nodes (one weight, one matmul) see two copies of a model as
+    two sets of weights (``dedup_constants`` makes them one again before codegen)."""
+    rx = relax()
+
+    @rx.expr_functor.mutator
+    class _Fresh(rx.PyExprMutator):
+        def visit_generic_const_(self, const):  # noqa: N802 - TVM visitor naming
+            return rx.const(const.value) if hasattr(const.value, "numpy") else const
+
+    return _Fresh().visit_expr(func)
+
+
+def private_function(func):
+    """Relax function ``func`` without its exported name (callable inside the module only)."""
+    return func.without_attr("global_symbol")
+
+
+def copy_with_new_vars(func):
+    """A copy of Relax function ``func`` with fresh variables (two functions of one module may
+    not share them)."""
+    return relax().utils.copy_with_new_vars(func)
+
+
+def dedup_constants(mod):
+    """``mod`` with its equal Relax constants (dtype, shape and bytes) made one object: the VM
+    library stores a constant object once, so weights that two functions fold to the same
+    values (main_optimum and main_dynamic) are stored once."""
+    import hashlib
+
+    t = tvm()
+    rx = t.relax
+    canon: dict = {}
+    changed = [0]
+
+    @rx.expr_functor.mutator
+    class _Dedup(rx.PyExprMutator):
+        def visit_generic_const_(self, const):  # noqa: N802 - TVM visitor naming
+            if not hasattr(const.value, "numpy"):  # a dtype, a string: not a tensor
+                return const
+            arr = const.value.numpy()
+            key = (str(arr.dtype), arr.shape, hashlib.blake2b(arr.tobytes()).hexdigest())
+            first = canon.setdefault(key, const)
+            if not first.same_as(const):
+                changed[0] += 1
+            return first
+
+    dedup = _Dedup(mod)
+    funcs = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, rx.Function)]
+    new = {gv: dedup.visit_expr(f) for gv, f in funcs}
+    if not changed[0]:
+        return mod
+    out = mod.clone()
+    for gv, f in new.items():
+        out[gv] = f
+    return out
+
+
+def string_function(name: str, text: str):
+    """A public Relax function ``name()`` returning the string ``text`` (0.27:
+    ``tvm.ir.StringImm``; ``relax.StringImm`` before)."""
+    t = tvm()
+    bb = t.relax.BlockBuilder()
+    with bb.function(name, []):
+        bb.emit_func_output(t.ir.StringImm(text))
+    return bb.get()[name]
+
+
 def substitute_vars(expr, mapping: dict):
     """``expr`` (a Relax expression) with the variables in ``mapping`` replaced."""
     relax = tvm().relax

@@ -99,8 +99,9 @@ def bench(target_or_model: Any, cfg: BenchConfig | None = None,
         loaded = target_or_model
         if not isinstance(loaded, LoadedModel):
             step("load")
-            loaded = load(loaded, input_shapes=ccfg.input_shapes, simplify=ccfg.simplify)
-        if cfg.inputs:
+            loaded = load(loaded, input_shapes=ccfg.input_shapes, simplify=ccfg.simplify,
+                          dims=ccfg.dynamic.dims)
+        if cfg.inputs and not loaded.dynamic:
             load_feeds(cfg, loaded.inputs)  # a bad .npz fails before anything compiles
         owned = convert_for_bench(loaded, ccfg, cfg, step)
         subject = Subject.from_conversion(owned)
@@ -113,9 +114,13 @@ def bench(target_or_model: Any, cfg: BenchConfig | None = None,
 
 def run_bench(subject: Subject, cfg: BenchConfig, notes: list[str], step) -> BenchResult:
     notes = list(notes) + list(subject.notes)
-    feeds = load_feeds(cfg, subject.input_specs)
-    order = [s.name for s in subject.input_specs]
-    batch = batch_of(subject.input_specs)
+    specs = subject.timed_specs(cfg)  # a dynamic build: the shape to time
+    if subject.dynamic:
+        notes.append("dynamic dims: timed at " + ", ".join(
+            f"{s.name} {'x'.join(map(str, s.shape))}" for s in specs))
+    feeds = load_feeds(cfg, specs)
+    order = [s.name for s in specs]
+    batch = batch_of(specs)
     device = "cuda" if subject.target.get("kind") == "cuda" else "cpu"
     model = subject.model
 
@@ -150,7 +155,7 @@ def run_bench(subject: Subject, cfg: BenchConfig, notes: list[str], step) -> Ben
         source=subject.source, model=subject.model_summary, target=subject.target, device=device,
         config=cfg, convert_config=clean_json(subject.convert_config.to_dict()),
         inputs={"source": cfg.inputs or f"random (seed {cfg.seed})",
-                "tensors": [s.to_dict() for s in subject.input_specs], "batch": batch},
+                "tensors": [s.to_dict() for s in specs], "batch": batch},
         reference=ref_name, runners=runners, notes=notes, versions=versions(),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     result.gates = evaluate_gates(result)

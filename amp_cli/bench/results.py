@@ -31,6 +31,10 @@ class BenchConfig:
     max_latency_ratio: float | None = None  # gate: amp p50 / amp fp32 p50
     max_rel_error: float | None = None  # gate: amp worst rel L2 vs the fp32 reference
     threads: int | None = None  # CPU threads (TVM and ONNX Runtime)
+    # a build with dynamic dims is timed at one shape: input name -> dims (--input-shape) and
+    # dim name -> size (--dynamic); dims not named stay at their optimum
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)
 
     def validate(self) -> None:
         for name in ("warmup", "repeat", "number"):

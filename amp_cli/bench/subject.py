@@ -12,8 +12,9 @@ import numpy as np
 
 from .. import tvm_compat
 from ..accuracy import load_inputs, random_inputs
-from ..config import ConvertConfig, apply_yaml
+from ..config import ConvertConfig, apply_yaml, parse_dim
 from ..convert import convert
+from ..dims import describe_ranges
 from ..errors import InputError, TargetError
 from ..frontend import InputSpec, is_factory_spec, load
 from ..target import resolve_target
@@ -60,13 +61,15 @@ class Subject:
     input_specs: list
     build_seconds: float | None
     notes: list[str] = field(default_factory=list)
+    dynamic: dict = field(default_factory=dict)  # dim name -> DimRange (a dynamic build)
 
     @classmethod
     def from_conversion(cls, conv) -> "Subject":
         return cls(source=conv.model.source, library=conv.library, target=conv.target.spec,
                    convert_config=conv.config, precision=conv.config.precision.precision,
                    model=conv.model, model_summary=conv.model.summary(),
-                   input_specs=list(conv.model.inputs), build_seconds=conv.build.seconds)
+                   input_specs=list(conv.model.inputs), build_seconds=conv.build.seconds,
+                   dynamic=dict(conv.model.dynamic))
 
     @classmethod
     def from_outdir(cls, outdir: Path, step) -> "Subject":
@@ -79,6 +82,8 @@ class Subject:
             target = dict(report["target"])
             specs = [InputSpec(i["name"], list(i["shape"]), i["dtype"])
                      for i in report["model"]["inputs"]]
+            dynamic = {n: parse_dim(r, f"{rep}: model.dynamic.{n}")
+                       for n, r in (report["model"].get("dynamic") or {}).items()}
             ccfg = apply_yaml(ConvertConfig(), report["config"], str(rep))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InputError(f"{rep}: not a readable amp report ({type(exc).__name__}: "
@@ -97,13 +102,54 @@ class Subject:
                          f"reference, accuracy not measured")
         else:
             step("load source")
-            model = load(src, input_shapes=ccfg.input_shapes, simplify=ccfg.simplify)
+            # bound as the build was: its inputs' dims, dynamic ones by their ranges
+            shapes = {s.name: [dynamic.get(d, d) if isinstance(d, str) else d for d in s.shape]
+                      for s in specs}
+            model = load(src, input_shapes=shapes, simplify=ccfg.simplify)
         # the amp fp32 build must be for the very same target
         ccfg.target = json.dumps(target)
         return cls(source=str(outdir), library=str(lib), target=target, convert_config=ccfg,
                    precision=ccfg.precision.precision, model=model,
                    model_summary=report["model"], input_specs=specs,
-                   build_seconds=(report.get("build") or {}).get("seconds"), notes=notes)
+                   build_seconds=(report.get("build") or {}).get("seconds"), notes=notes,
+                   dynamic=dynamic)
+
+    def timed_specs(self, cfg: BenchConfig) -> list[InputSpec]:
+        """The inputs the run times: a dynamic build's at ``cfg.shapes`` / ``cfg.dims``, each
+        dim not named at its optimum; a static build's as they are."""
+        if not self.dynamic:
+            if cfg.shapes or cfg.dims:
+                fixed = ", ".join(f"{s.name} {list(s.shape)}" for s in self.input_specs)
+                raise InputError(f"{self.source} was built for fixed shapes ({fixed}); "
+                                 f"--input-shape / --dynamic pick a shape of a build with "
+                                 f"dynamic dims")
+            return list(self.input_specs)
+        sizes = {n: r.optimum for n, r in self.dynamic.items()}
+        for name, size in cfg.dims.items():
+            if name not in sizes:
+                raise InputError(f"--dynamic {name}: not a dynamic dim of {self.source} "
+                                 f"({describe_ranges(self.dynamic)})")
+            sizes[name] = int(size)
+        by_name = {s.name: s for s in self.input_specs}
+        for name, dims in cfg.shapes.items():
+            spec = by_name.get(name)
+            if spec is None:
+                raise InputError(f"--input-shape names '{name}', but the inputs are: "
+                                 f"{', '.join(by_name)}")
+            if len(dims) != len(spec.shape):
+                raise InputError(f"--input-shape {name}: {len(dims)} dims given, the input "
+                                 f"has {len(spec.shape)} ({list(spec.shape)})")
+            for have, size in zip(spec.shape, dims):
+                if isinstance(have, str):
+                    sizes[have] = int(size)
+                elif have != size:
+                    raise InputError(f"--input-shape {name}: {list(dims)} conflicts with the "
+                                     f"fixed dims of {list(spec.shape)}")
+        outside = [f"{n}={sizes[n]}" for n, r in self.dynamic.items() if sizes[n] not in r]
+        if outside:
+            raise InputError(f"{', '.join(outside)}: outside the ranges {self.source} was "
+                             f"built for ({describe_ranges(self.dynamic)})")
+        return [s.at(sizes) for s in self.input_specs]
 
 
 def find_source(source: str, outdir: Path) -> str | None:

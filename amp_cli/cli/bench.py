@@ -14,6 +14,7 @@ from ..bench import bench as run_bench
 from .common import (
     EPILOG,
     build_config,
+    concrete_shapes,
     convert_options,
     cuda_graph_option,
     debug_option,
@@ -24,8 +25,7 @@ POSITIVE = click.FloatRange(min=0, min_open=True)  # a bad gate value is a usage
 
 # convert options that only mean something when bench converts a model itself
 _MODEL_ONLY = {"target": "--target", "precision": "--precision", "accumulate": "--accumulate",
-               "config_file": "--config", "input_shapes": "--input-shape",
-               "keep_io_types": "--keep-io-types", "exclude_ops": "--exclude-op",
+               "config_file": "--config", "keep_io_types": "--keep-io-types", "exclude_ops": "--exclude-op",
                "exclude_nodes": "--exclude-node", "tuning_db": "--tuning-db",
                "cuda_graph": "--cuda-graph/--no-cuda-graph"}
 
@@ -74,7 +74,7 @@ def _compare_list(_ctx, _param, value):
 @debug_option
 @click.pass_context
 def bench(ctx, target_or_model, target, precision, accumulate, config_file, input_shapes,
-          keep_io_types, exclude_ops, exclude_nodes, tuning_db, cuda_graph, warmup, repeat,
+          dynamic_dims, keep_io_types, exclude_ops, exclude_nodes, tuning_db, cuda_graph, warmup, repeat,
           number, compare, inputs_npz, seed, json_out, plot_out, max_latency_ratio,
           max_rel_error, threads):
     """Time and check TARGET_OR_MODEL: an OUTDIR written by `amp convert`, or a model
@@ -83,12 +83,15 @@ def bench(ctx, target_or_model, target, precision, accumulate, config_file, inpu
     \b
     Prints latency (mean, std, min, p50, p90, p99), throughput and accuracy vs the
     fp32 reference for the amp build and each --compare runner. Timing uses TVM's
-    time_evaluator (the device's timer) after --warmup calls.
+    time_evaluator (the device's timer) after --warmup calls. An OUTDIR with
+    dynamic dims is timed at --input-shape / --dynamic sizes (each dim not given:
+    its optimum); a model converted here is timed at its optimum.
     \b
     Examples:
       amp bench out/ --compare fp32,ort --json bench.json
       amp bench model.onnx --target llvm --input-shape input:8x3x224x224 \\
           --max-latency-ratio 1.0 --max-rel-error 1e-2
+      amp bench dyn_out/ --input-shape input_ids:8x128
     """
     from pathlib import Path
 
@@ -105,10 +108,12 @@ def bench(ctx, target_or_model, target, precision, accumulate, config_file, inpu
             raise click.UsageError(f"{target_or_model} is an OUTDIR, already converted with the "
                                    f"settings in its report.json; {flags}: only when benching "
                                    f"a model (e.g. amp bench model.onnx --target llvm)")
+        # an OUTDIR with dynamic dims: the shape to time
+        cfg.shapes, cfg.dims = concrete_shapes(input_shapes, dynamic_dims)
     else:
         convert_cfg = build_config(target, precision, accumulate, config_file, input_shapes,
                                    keep_io_types, exclude_ops, exclude_nodes, tuning_db,
-                                   cuda_graph)
+                                   cuda_graph, dynamic_dims)
     if plot_out:
         require_matplotlib()
     total = 4 + 2 * ("fp32" in compare or max_latency_ratio is not None) + \

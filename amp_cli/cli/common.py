@@ -13,12 +13,14 @@ import click
 from ..config import (
     ConvertConfig,
     apply_yaml,
+    canonical_dim,
+    parse_dynamic,
     parse_input_shape,
     parse_tolerance,
     read_yaml,
     validate,
 )
-from ..errors import EXIT_ERROR, EXIT_INTERRUPTED, AmpError
+from ..errors import EXIT_ERROR, EXIT_INTERRUPTED, AmpError, ConfigError, UsageError
 
 EPILOG = """\b
 Exit codes:
@@ -142,7 +144,13 @@ def convert_options(f):
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      help="YAML config (see configs/); flags override it."),
         click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:DxDxD",
-                     help="Bind an input's shape, e.g. input:1x3x224x224 (repeatable)."),
+                     help="Bind an input's shape, e.g. input:1x3x224x224 (repeatable). A dim "
+                          "may be a range LO..HI or LO..HI(OPT) (OPT: the size to optimize "
+                          "for, default HI; LO..HI@OPT needs no shell quoting): one library "
+                          "for every shape in the ranges, e.g. input_ids:1..32x16..512(128)."),
+        click.option("--dynamic", "dynamic_dims", multiple=True, metavar="DIM=LO..HI(OPT)",
+                     help="A range for every input dim the model names DIM, e.g. "
+                          "batch=1..32(8) (repeatable; a plain number fixes the dim)."),
         click.option("--keep-io-types/--no-keep-io-types", default=None,
                      help="Keep model inputs/outputs in fp32 [default: keep]."),
         click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
@@ -166,7 +174,7 @@ def cuda_graph_option(f):
 
 
 def build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
-                 exclude_ops, exclude_nodes, tuning_db=None, cuda_graph=None):
+                 exclude_ops, exclude_nodes, tuning_db=None, cuda_graph=None, dynamic_dims=()):
     cfg = ConvertConfig()
     if config_file:
         apply_yaml(cfg, read_yaml(config_file), config_file)
@@ -179,9 +187,15 @@ def build_config(target, precision, accumulate, config_file, input_shapes, keep_
         p.accumulate = accumulate
     if keep_io_types is not None:
         p.keep_io_types = keep_io_types
-    for text in input_shapes:
-        name, dims = parse_input_shape(text)
-        cfg.input_shapes[name] = dims
+    try:  # a malformed option value is a usage error (exit 2)
+        for text in input_shapes:
+            name, dims = parse_input_shape(text)
+            cfg.input_shapes[name] = [canonical_dim(d) for d in dims]
+        for text in dynamic_dims:
+            name, dim = parse_dynamic(text)
+            cfg.dynamic.dims[name] = canonical_dim(dim)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     p.policy.exclude_ops = list(p.policy.exclude_ops) + list(exclude_ops)
     p.policy.exclude_nodes = list(p.policy.exclude_nodes) + list(exclude_nodes)
     if tuning_db:
@@ -190,6 +204,28 @@ def build_config(target, precision, accumulate, config_file, input_shapes, keep_
         cfg.cuda.cuda_graph = cuda_graph
     validate(cfg)
     return cfg
+
+
+def concrete_shapes(input_shapes, dynamic_dims) -> tuple[dict, dict]:
+    """``--input-shape`` / ``--dynamic`` texts naming one shape (ints, no ranges): what
+    ``amp bench OUTDIR`` times a build with dynamic dims at. Malformed: exit 2."""
+    shapes, dims = {}, {}
+    try:
+        for text in input_shapes:
+            name, parsed = parse_input_shape(text)
+            if not all(isinstance(d, int) for d in parsed):
+                raise ConfigError(f"--input-shape '{text}': an OUTDIR is timed at one shape; "
+                                  f"give sizes, not ranges (e.g. {name}:8x128)")
+            shapes[name] = parsed
+        for text in dynamic_dims:
+            name, dim = parse_dynamic(text)
+            if not isinstance(dim, int):
+                raise ConfigError(f"--dynamic '{text}': an OUTDIR is timed at one shape; give "
+                                  f"a size, not a range (e.g. {name}=8)")
+            dims[name] = dim
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return shapes, dims
 
 
 def auto_precision_options(f):

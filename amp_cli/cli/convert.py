@@ -37,8 +37,8 @@ from .common import (
 @auto_precision_options
 @debug_option
 def convert(model, outdir, target, precision, accumulate, config_file, input_shapes,
-            keep_io_types, exclude_ops, exclude_nodes, tuning_db, force, no_accuracy,
-            allow_inaccurate, cuda_graph, threads, **auto_opts):
+            dynamic_dims, keep_io_types, exclude_ops, exclude_nodes, tuning_db, force,
+            no_accuracy, allow_inaccurate, cuda_graph, threads, **auto_opts):
     """Convert MODEL (.onnx, .pt2, or pkg.module:factory) to a mixed-precision library.
 
     \b
@@ -51,7 +51,7 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
     its own; if it still misses, exit 4 and nothing is written.
     """
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
-                       exclude_ops, exclude_nodes, tuning_db, cuda_graph)
+                       exclude_ops, exclude_nodes, tuning_db, cuda_graph, dynamic_dims)
     cfg.check_accuracy = not no_accuracy
     if allow_inaccurate:
         cfg.accuracy.enforce = False
@@ -61,7 +61,8 @@ def convert(model, outdir, target, precision, accumulate, config_file, input_sha
     bar, step = progress_bar(6, "amp convert")
     try:
         step("load")
-        loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify)
+        loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify,
+                          dims=cfg.dynamic.dims)
         conv = api_convert(loaded, cfg, progress=step)
         try:
             out = conv.save(outdir, force=force)

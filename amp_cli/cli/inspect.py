@@ -31,8 +31,8 @@ from .common import (
               help="Rows of the per-node table (highest error score first).")
 @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
 @debug_option
-def inspect(model, target, precision, accumulate, config_file, input_shapes, keep_io_types,
-            exclude_ops, exclude_nodes, search, top, as_json, **auto_opts):
+def inspect(model, target, precision, accumulate, config_file, input_shapes, dynamic_dims,
+            keep_io_types, exclude_ops, exclude_nodes, search, top, as_json, **auto_opts):
     """Print MODEL's per-node fp16/bf16 analysis: each node's fp32 max |x| against the low
     type's range, its error contribution, the first node producing inf/NaN when every node is
     converted, and the nodes --auto-precision keeps in fp32 and why.
@@ -42,9 +42,10 @@ def inspect(model, target, precision, accumulate, config_file, input_shapes, kee
       amp inspect model.onnx --target llvm --tolerance rel_l2=1e-3
     """
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
-                       exclude_ops, exclude_nodes)
+                       exclude_ops, exclude_nodes, dynamic_dims=dynamic_dims)
     apply_auto_precision(cfg, **auto_opts)
-    loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify)
+    loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify,
+                      dims=cfg.dynamic.dims)
     result = inspect_model(loaded, cfg, search=search)
     data = result.to_dict()
     if as_json:

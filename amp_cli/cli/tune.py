@@ -55,9 +55,9 @@ STRATEGY_HELP = (
                    "MetaSchedule's own default is 512.")
 @click.option("--seed", type=int, default=None, help="Random seed of the search.")
 @debug_option
-def tune(model, db_dir, target, precision, accumulate, config_file, input_shapes, keep_io_types,
-         exclude_ops, exclude_nodes, trials, time_budget, strategy, cost_model, workers,
-         rpc_tracker, rpc_key, trials_per_iter, population, seed):
+def tune(model, db_dir, target, precision, accumulate, config_file, input_shapes, dynamic_dims,
+         keep_io_types, exclude_ops, exclude_nodes, trials, time_budget, strategy, cost_model,
+         workers, rpc_tracker, rpc_key, trials_per_iter, population, seed):
     """Tune the kernels of MODEL, converted as `amp convert` converts it, with MetaSchedule.
 
     \b
@@ -68,12 +68,13 @@ def tune(model, db_dir, target, precision, accumulate, config_file, input_shapes
       amp convert MODEL -o out/ --target T --tuning-db DB
     """
     cfg = build_config(target, precision, accumulate, config_file, input_shapes, keep_io_types,
-                       exclude_ops, exclude_nodes)
+                       exclude_ops, exclude_nodes, dynamic_dims=dynamic_dims)
     tcfg = TuneConfig(db_dir=db_dir, trials=trials, strategy=strategy, cost_model=cost_model,
                       workers=workers, rpc_tracker=rpc_tracker, rpc_key=rpc_key,
                       trials_per_iter=trials_per_iter, population=population, seed=seed,
                       time_budget_s=parse_duration(time_budget) if time_budget else None)
-    loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify)
+    loaded = api_load(model, input_shapes=cfg.input_shapes, simplify=cfg.simplify,
+                      dims=cfg.dynamic.dims)
     bar = TuneBar()
     try:
         result = api_tune(loaded, cfg, tcfg, progress=bar.update)

@@ -38,7 +38,7 @@ class BuildResult:
 
 
 def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
-             cuda=None) -> BuildResult:
+             cuda=None, specialize: bool = False) -> BuildResult:
     start = time.perf_counter()
     tgt = compile_target(target, cuda)
     note_step("relax pipeline")
@@ -46,7 +46,8 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
         failures: list = []
         rewrites: dict = {}
         lowered = relax_pipeline(target, tuning_db, cuda, rule_failures=failures,
-                                 rewrite_stats=rewrites)(mod)
+                                 rewrite_stats=rewrites, specialize=specialize)(mod)
+    lowered = tvm_compat.dedup_constants(lowered)  # weights read by two copies of main: once
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
                      if isinstance(f, tvm_compat.prim_func_class()))
     note_step("codegen")
@@ -74,13 +75,15 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
 
 
 def build(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None = None,
-          isolate: bool = True, cuda=None) -> BuildResult:
+          isolate: bool = True, cuda=None, specialize: bool = False) -> BuildResult:
     """Compile `mod` for `target` into `out_path` (a .so). Crashes become BuildError.
-    ``cuda``: a ``config.CudaConfig`` for CUDA targets (None: defaults)."""
+    ``cuda``: a ``config.CudaConfig`` for CUDA targets (None: defaults). ``specialize``: a
+    module with dynamic dims also gets a copy compiled at its optimum shape
+    (``dynamic.py``)."""
     stage = f"build {target.describe()}"
     try:
-        return run_isolated(_compile, mod, target, out_path, tuning_db, cuda, stage=stage,
-                            isolate=isolate)
+        return run_isolated(_compile, mod, target, out_path, tuning_db, cuda, specialize,
+                            stage=stage, isolate=isolate)
     except BuildError:
         raise
     except Exception as exc:  # noqa: BLE001 - not isolated: same contract

@@ -8,6 +8,7 @@ pipeline can stop there instead (:func:`fused_module`): the kernels a build woul
 """
 from __future__ import annotations
 
+from .. import tvm_compat
 from ..backends.cpu import pipeline as cpu_backend
 from ..backends.cpu.analysis import host_model
 from ..backends.cpu.packing import constant_call_args as cpu_constant_call_args
@@ -18,34 +19,40 @@ from ..backends.cuda.tir import cuda_tir_pipeline
 from ..config import CudaConfig
 from ..ir_attrs import IS_SCHEDULED
 from ..target import ResolvedTarget
+from .dynamic import at_optimum, guard_pass
 from .records import apply_database_passes
 
 
 def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None,
                    cuda: CudaConfig | None = None, extra_schedule_passes=(),
                    rule_failures: list | None = None, rewrite_stats: dict | None = None,
-                   stop_before_schedule: bool = False):
+                   stop_before_schedule: bool = False, specialize: bool = False):
     """The whole Relax pipeline (a Pass) amp uses for ``target``. ``cuda``: the CUDA switches
     (None: defaults). Tuning records, then ``extra_schedule_passes``, run before amp's default
     schedules; ``rule_failures`` collects the CUDA schedule rules that raised on a kernel (the
     next rule scheduled it), ``rewrite_stats`` the counts of amp's graph rewrites.
-    ``stop_before_schedule``: end right before the records and schedule rules."""
+    ``stop_before_schedule``: end right before the records and schedule rules.
+    A module with dynamic dims first gets its range check (``dynamic.py``) and, with
+    ``specialize``, its copy at the optimum shape."""
     extra = [] if stop_before_schedule else [
         *(apply_database_passes(tuning_db, target) if tuning_db else []), *extra_schedule_passes]
     if target.is_cuda:
-        return cuda_backend.cuda_relax_pipeline(
+        backend = cuda_backend.cuda_relax_pipeline(
             compile_target(target, cuda), cuda, extra_schedule_passes=extra,
             rule_failures=rule_failures, rewrite_stats=rewrite_stats,
             stop_before_schedule=stop_before_schedule)
-    return cpu_backend.cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
-                                          stop_before_schedule=stop_before_schedule)
+    else:
+        backend = cpu_backend.cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
+                                                 stop_before_schedule=stop_before_schedule)
+    return tvm_compat.tvm().transform.Sequential([guard_pass(specialize), backend])
 
 
 def fused_module(mod, target: ResolvedTarget, cuda: CudaConfig | None = None):
     """``mod`` (converted) through amp's Relax pipeline up to the schedule rules: the fused
-    kernels a build would schedule (what ``amp tune`` tunes)."""
+    kernels a build would schedule (what ``amp tune`` tunes). A module with dynamic dims is
+    taken at its optimum shape: the kernels of the build's ``main_optimum``."""
     with target.tvm_target():
-        return relax_pipeline(target, cuda=cuda, stop_before_schedule=True)(mod)
+        return relax_pipeline(target, cuda=cuda, stop_before_schedule=True)(at_optimum(mod))
 
 
 def compile_target(target: ResolvedTarget, cuda: CudaConfig | None = None):

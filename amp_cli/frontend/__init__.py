@@ -16,9 +16,13 @@ from .torch import is_factory_spec, load_pt2, load_torch_factory
 __all__ = ["InputSpec", "LoadedModel", "bind_input_shapes", "is_factory_spec", "load"]
 
 
-def load(model: str | Path, input_shapes: dict[str, list[int]] | None = None,
-         simplify: bool = True) -> LoadedModel:
+def load(model: str | Path, input_shapes: dict[str, list] | None = None,
+         simplify: bool = True, dims: dict | None = None) -> LoadedModel:
     """Load an ONNX file, a ``.pt2`` export or a ``pkg.module:factory`` spec into Relax.
+
+    ``input_shapes``: input name -> dims, each an int or, for a dynamic dim, a range
+    (``"1..32(8)"``, :class:`~amp_cli.config.DimRange`); ``dims``: the model's own dim names
+    -> an int or a range (docs/dynamic-shapes.md). ONNX models only take ranges.
 
     >>> m = load("examples/generated/tiny_cnn.onnx")          # doctest: +SKIP
     >>> [i.shape for i in m.inputs]                            # doctest: +SKIP
@@ -26,7 +30,13 @@ def load(model: str | Path, input_shapes: dict[str, list[int]] | None = None,
     """
     input_shapes = dict(input_shapes or {})
     text = str(model)
+    ranged = dims or any(not isinstance(d, int) and not str(d).isdigit()
+                         for shape in input_shapes.values() for d in shape)
     path = Path(text)
+    if ranged and (path.suffix == ".pt2" or not path.exists() and is_factory_spec(text)):
+        raise InputError(f"{text}: dynamic dims (ranges, --dynamic) need an ONNX model; export "
+                         f"it with torch.onnx.export(..., dynamic_shapes=...) and convert the "
+                         f".onnx file")
     if not path.exists() and is_factory_spec(text):
         return load_torch_factory(text, input_shapes)
     if not path.exists():
@@ -37,4 +47,4 @@ def load(model: str | Path, input_shapes: dict[str, list[int]] | None = None,
         raise InputError(f"{path} is empty")
     if path.suffix == ".pt2":
         return load_pt2(path, input_shapes)
-    return load_onnx(path, input_shapes, simplify)
+    return load_onnx(path, input_shapes, simplify, dims)

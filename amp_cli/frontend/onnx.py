@@ -8,6 +8,7 @@ import io
 from pathlib import Path
 
 from .. import tvm_compat
+from ..dims import attach_ranges
 from ..errors import InputError, ModelLoadError, UnsupportedOpError
 from ..sandbox import error_line
 from .input_values import infer_input_values
@@ -32,7 +33,7 @@ def _onnx_inputs(graph) -> list[InputSpec]:
     return specs
 
 
-def load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
+def load_onnx(path: Path, input_shapes, simplify: bool, dims=None) -> LoadedModel:
     import onnx
 
     try:
@@ -43,7 +44,7 @@ def load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
     if not model.graph.node and not model.graph.output:
         raise InputError(f"{path}: not a valid ONNX model (no graph)")
     specs = _onnx_inputs(model.graph)
-    bind_input_shapes(specs, input_shapes)
+    dynamic = bind_input_shapes(specs, input_shapes, dims)
     notes = []
     _fix_input_dims(model, specs)
     model = _prepare_onnx(model, simplify, notes)
@@ -60,7 +61,8 @@ def load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
         more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
         raise UnsupportedOpError(f"{path}: TVM's ONNX importer does not support: "
                                  f"{listing}{more}", ops=unsupported)
-    shape_dict = {s.name: list(s.shape) for s in specs}
+    # dynamic inputs: the importer makes one symbolic var per dim name of the graph's inputs
+    shape_dict = {s.name: list(s.shape) for s in specs if s.is_static}
     dtype_dict = {s.name: s.dtype for s in specs}
     sink = io.StringIO()
     try:
@@ -74,12 +76,16 @@ def load_onnx(path: Path, input_shapes, simplify: bool) -> LoadedModel:
         where = f" at node '{node}' ({current.get('op')})" if node else ""
         msg = error_line(str(exc)) if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{path}: TVM's ONNX importer failed{where}: {msg[:300]}") from exc
+    try:
+        mod = attach_ranges(mod, dynamic)
+    except ValueError as exc:
+        raise ModelLoadError(f"{path}: TVM's ONNX importer lost a dynamic dim: {exc}") from None
     outputs = [o.name for o in model.graph.output]
     ints = [s.name for s in specs if s.dtype.startswith(("int", "uint"))]
     for name, values in infer_input_values(model, ints).items():
         next(s for s in specs if s.name == name).values = values
     return LoadedModel(str(path), "onnx", mod, specs, outputs, node_types, onnx_model=model,
-                       notes=notes)
+                       notes=notes, dynamic=dynamic)
 
 
 def _fix_input_dims(model, specs):
@@ -90,8 +96,12 @@ def _fix_input_dims(model, specs):
             continue
         dims = vi.type.tensor_type.shape.dim
         for d, v in zip(dims, s.shape):
-            d.ClearField("dim_param")
-            d.dim_value = int(v)
+            if isinstance(v, str):  # a dynamic dim, under its IR name
+                d.ClearField("dim_value")
+                d.dim_param = v
+            else:
+                d.ClearField("dim_param")
+                d.dim_value = int(v)
 
 
 def _prepare_onnx(model, simplify: bool, notes: list[str]):

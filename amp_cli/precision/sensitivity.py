@@ -97,12 +97,13 @@ class SensitivityAnalysis:
 def calibration_inputs(model, ap_cfg) -> list[dict]:
     """The calibration input sets: from ``ap_cfg.calibration`` (.npz; arrays of the input's
     shape, or with one extra leading axis of samples), else ``ap_cfg.samples`` seeded random
-    sets (floats ~ N(0, 1), or U(LO, HI) with ``input_range``)."""
+    sets (floats ~ N(0, 1), or U(LO, HI) with ``input_range``). Dynamic dims at their
+    optimum."""
     if ap_cfg.calibration:
-        return load_calibration(ap_cfg.calibration, model.inputs)
+        return load_calibration(ap_cfg.calibration, model.example_inputs)
     sets = []
     for k in range(ap_cfg.samples):
-        feeds = random_inputs(model.inputs, ap_cfg.seed + k)
+        feeds = random_inputs(model.example_inputs, ap_cfg.seed + k)
         if ap_cfg.input_range:
             lo, hi = parse_input_range(ap_cfg.input_range)
             rng = np.random.default_rng(ap_cfg.seed + k)

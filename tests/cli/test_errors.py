@@ -113,11 +113,13 @@ def test_symbolic_dims_listed(cli, tiny_onnx, tmp_path):
 
 
 @pytest.mark.parametrize("text", ["input", "input:", "input:1xax3x3", "input:0x3x32x32",
-                                  ":1x3", "input:1x-3x32x32"])
+                                  ":1x3", "input:1x-3x32x32", "input:4..2x3x32x32",
+                                  "input:1..8(9)x3x32x32", "input:1..x3x32x32"])
 def test_malformed_input_shape(cli, tiny_onnx, tmp_path, text):
+    # a malformed option value is a usage error: exit 2, in amp's one-line form
     out = tmp_path / "out"
     assert_error(cli("convert", tiny_onnx, "-o", out, "--target", "llvm", "--input-shape", text),
-                 1, "--input-shape", "e.g.")
+                 2, "--input-shape", "e.g.")
     assert_no_debris(out)
 
 

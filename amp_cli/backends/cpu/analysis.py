@@ -17,6 +17,8 @@ class HostModel:
     pack: list | None = None  # collects (param index, ndim, jv) weight packings of a func
     packable: set = field(default_factory=set)  # param indices that are constants
     allow_pack: bool = True
+    # dynamic dims: name -> largest size (the module's ranges), to size symbolic loops
+    dim_bounds: dict = field(default_factory=dict)
 
 
 def host_model(target) -> HostModel:
@@ -60,6 +62,39 @@ def loop_extent(sch, loop) -> int:
     return e
 
 
+def static_extent(sch, loop) -> int | None:
+    """The loop's extent, or None when it is symbolic (a dynamic dim)."""
+    return const_int(sch.get(loop).extent)
+
+
+DEFAULT_DIM_BOUND = 64  # the size a symbolic dim of unknown range is assumed to have
+
+
+def extent_bound(sch, loop, hw: HostModel) -> int:
+    """The loop's extent, or for a symbolic one its value with each dynamic dim at its
+    largest size (``hw.dim_bounds``): what work estimates use, never what splits rely on."""
+    extent = sch.get(loop).extent
+    e = const_int(extent)
+    if e is not None:
+        return e
+    tvm = tvm_compat.tvm()
+    ana = tvm_compat.analyzer()
+    seen: dict = {}
+    walk(extent, lambda n: seen.setdefault(str(n.name), n) if type_name(n) == "Var" else None)
+    for name, var in seen.items():
+        ana.bind(var, tvm.tirx.const(hw.dim_bounds.get(name, DEFAULT_DIM_BOUND),
+                                     str(var.ty.dtype)))
+    return const_int(ana.simplify(extent)) or DEFAULT_DIM_BOUND
+
+
+def same_extent(a, b) -> bool:
+    """Two loop extents (ints or symbolic expressions) provably equal."""
+    ca, cb = const_int(a), const_int(b)
+    if ca is not None or cb is not None:
+        return ca == cb
+    return bool(tvm_compat.analyzer().can_prove_equal(a, b))
+
+
 def block_iters(sch, block):
     """(loop, iter_var, kind) per loop of a block; requires the one-loop-per-iter form that
     FuseTIR produces (extents equal, no predicate)."""
@@ -71,7 +106,7 @@ def block_iters(sch, block):
         raise SkipRule("loops do not map 1:1 to block iters")
     out = []
     for lp, iv in zip(loops, ivs):
-        if const_int(iv.dom.extent) is None or loop_extent(sch, lp) != const_int(iv.dom.extent):
+        if not same_extent(sch.get(lp).extent, iv.dom.extent):
             raise SkipRule("loop/iter extent mismatch")
         kind = {0: "S", 2: "R"}.get(int(iv.iter_type), "O")
         if kind == "O":

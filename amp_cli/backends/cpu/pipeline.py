@@ -3,6 +3,7 @@ deterministic schedule rules (``rules.py``) after FuseTIR."""
 from __future__ import annotations
 
 from ... import tvm_compat
+from ...dims import module_ranges
 from ...ir_attrs import IS_SCHEDULED, LEGACY_IS_SCHEDULED
 from ..layout import convert_layout_pass
 from .analysis import host_model
@@ -41,6 +42,7 @@ def cpu_schedule_passes(target, layout_stats: dict | None = None) -> list:
     @tvm.transform.module_pass(opt_level=0, name="AmpCpuSchedule")
     def _amp_cpu_schedule(mod, _ctx):
         hw = host_model(target)
+        hw.dim_bounds = {name: r.hi for name, r in module_ranges(mod).items()}
         stats: dict = {"rules": {}, "fallback": [], "unscheduled": [], "pre_scheduled": 0,
                        "layout": dict(layout_stats or {})}
         updates, packs = {}, {}

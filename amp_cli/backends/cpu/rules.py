@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 from .analysis import (HostModel, SkipRule, block_iters, block_names, contains_if_then_else, divisors_upto, gemm_operands,
                        has_block, host_model, is_reduction, loop_extent, pick_vector,
                        region_buffer, type_name, vector_lanes, vectorizable, walk,
-                       writes_param, const_int)
+                       writes_param, const_int, extent_bound, same_extent, static_extent)
 from .packing import pack_map
 
 
@@ -79,8 +79,17 @@ def _auto_inline(sch) -> None:
 
 # ---- per-block rules -----------------------------------------------------------------------
 def _maybe_parallel(sch, loop, work: int, hw: HostModel) -> None:
-    if loop_extent(sch, loop) > 1 and work >= hw.parallel_min_work and hw.num_cores > 1:
+    extent = static_extent(sch, loop)  # None: symbolic (a dynamic dim), taken as > 1
+    if (extent is None or extent > 1) and work >= hw.parallel_min_work and hw.num_cores > 1:
         sch.parallel(loop)
+
+
+def _bound(sch, loops, hw: HostModel) -> int:
+    """Iterations of the loop nest ``loops``, dynamic dims at their largest size."""
+    total = 1
+    for lp in loops:
+        total *= extent_bound(sch, lp, hw)
+    return total
 
 
 def _vectorize_last(sch, block, hw: HostModel, max_regs: int = 1) -> None:
@@ -93,8 +102,8 @@ def _vectorize_last(sch, block, hw: HostModel, max_regs: int = 1) -> None:
     if not vectorizable(dtype):
         return
     inner = loops[-1]
-    n = loop_extent(sch, inner)
-    if n <= 1:
+    n = static_extent(sch, inner)
+    if n is None or n <= 1:  # a dynamic dim: left scalar
         return
     v = pick_vector(n, vector_lanes(hw, dtype), max_regs)
     if v <= 1:
@@ -110,7 +119,10 @@ def _sched_injective(sch, block, hw: HostModel) -> None:
         return
     blk = sch.get(block)
     dtype = region_buffer(blk.writes[0]).dtype
-    exts = [loop_extent(sch, lp) for lp in loops]
+    exts = [static_extent(sch, lp) for lp in loops]
+    if None in exts:
+        _sched_injective_dynamic(sch, loops, exts, dtype, hw)
+        return
     total = 1
     for e in exts:
         total *= e
@@ -133,6 +145,28 @@ def _sched_injective(sch, block, hw: HostModel) -> None:
         _maybe_parallel(sch, fused, total, hw)
 
 
+def _sched_injective_dynamic(sch, loops, exts, dtype, hw: HostModel) -> None:
+    """Injective loops with a symbolic extent: one parallel loop over all but a vector of the
+    innermost axis, when that axis is static (a split of a symbolic loop would need a tail)."""
+    total = _bound(sch, loops, hw)
+    inner = exts[-1]
+    v = 1
+    if inner is not None and inner > 1 and vectorizable(dtype):
+        v = pick_vector(inner, vector_lanes(hw, dtype), 1)
+    outer = list(loops)
+    if v > 1:
+        if v < inner:
+            io, vec = sch.split(loops[-1], [None, v])
+            outer = list(loops[:-1]) + [io]
+        else:
+            vec = loops[-1]
+            outer = list(loops[:-1])
+        sch.vectorize(vec)
+    if outer:
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        _maybe_parallel(sch, fused, total, hw)
+
+
 def _sched_reduction(sch, block, hw: HostModel) -> None:
     """Pooling / mean / generic reductions."""
     its = block_iters(sch, block)
@@ -140,9 +174,7 @@ def _sched_reduction(sch, block, hw: HostModel) -> None:
     r_loops = [(lp, iv) for lp, iv, k in its if k == "R"]
     blk = sch.get(block)
     dtype = region_buffer(blk.writes[0]).dtype
-    total = 1
-    for lp, _, _ in its:
-        total *= loop_extent(sch, lp)
+    total = _bound(sch, [lp for lp, _, _ in its], hw)
     out_work = total
     vec_inner = None
     if s_loops and vectorizable(dtype):
@@ -151,7 +183,7 @@ def _sched_reduction(sch, block, hw: HostModel) -> None:
         contiguous = any(
             len(r.region) > 0 and _expr_is_var(r.region[-1].min, last_iv.var)
             for r in blk.reads if str(region_buffer(r).name) != str(region_buffer(blk.writes[0]).name))
-        if contiguous and loop_extent(sch, last_lp) >= 2:
+        if contiguous and (static_extent(sch, last_lp) or 0) >= 2:
             vec_inner = last_lp
     if vec_inner is not None:
         n = loop_extent(sch, vec_inner)
@@ -231,11 +263,18 @@ def _sched_gemm(sch, block, hw: HostModel) -> None:
     i = None
     for e in reversed(idx[:-1]):
         cand = next((t for t in s_its if _expr_is_var(e, t[1].var)), None)
-        if cand is not None and loop_extent(sch, cand[0]) > 1:
+        if cand is not None and (static_extent(sch, cand[0]) or 2) > 1:
             i = cand
             break
-    n_ext = loop_extent(sch, j[0])
-    m_ext = loop_extent(sch, i[0]) if i is not None else 1
+    n_ext = loop_extent(sch, j[0])  # a symbolic vector axis: no rule (the safe fallback)
+    m_ext = static_extent(sch, i[0]) if i is not None else 1
+
+    def row_tile(limit: int) -> int:
+        """Rows per register tile: a divisor of M; for a symbolic M (a dynamic dim) up to its
+        largest size, the last tile masked."""
+        if m_ext is not None:
+            return max(divisors_upto(m_ext, limit))
+        return min(limit, extent_bound(sch, i[0], hw))
     acc_dtype = out_buf.dtype
     lanes = vector_lanes(hw, acc_dtype)
     # choose (vector tile, row tile) maximizing FMAs per k-step within the register file
@@ -244,21 +283,18 @@ def _sched_gemm(sch, block, hw: HostModel) -> None:
         jv = lanes * nvec
         if n_ext % jv:
             continue
-        ti_max = max(1, min(8, (hw.num_regs - nvec - 2) // nvec))
-        ti = max(divisors_upto(m_ext, ti_max))
+        ti = row_tile(max(1, min(8, (hw.num_regs - nvec - 2) // nvec)))
         score = (ti * nvec, nvec)
         if best is None or score > best[0]:
             best = (score, jv, ti)
     if best is None:  # extent not a multiple of the SIMD width
         jv = pick_vector(n_ext, lanes)
         nvec = -(-jv // lanes)
-        ti = max(divisors_upto(m_ext, max(1, min(8, (hw.num_regs - nvec - 2) // nvec))))
+        ti = row_tile(max(1, min(8, (hw.num_regs - nvec - 2) // nvec)))
     else:
         _, jv, ti = best
 
-    work = 1
-    for lp, _, _ in its:
-        work *= loop_extent(sch, lp)
+    work = _bound(sch, [lp for lp, _, _ in its], hw)
 
     _pack_weight(sch, block, j, i, jv, hw)
     j_o, j_i = sch.split(j[0], [None, jv])
@@ -355,29 +391,30 @@ def _sched_rowwise(sch, hw: HostModel) -> bool:
     out_its = block_iters(sch, out)
     if len(out_its) < 2:
         return False
-    row_ext = [loop_extent(sch, lp) for lp, _, _ in out_its[:-1]]
+    row_ext = [sch.get(lp).extent for lp, _, _ in out_its[:-1]]  # symbolic for dynamic dims
+
+    def same_rows(exts) -> bool:
+        return len(exts) >= len(row_ext) and all(same_extent(a, b)
+                                                 for a, b in zip(exts, row_ext))
     has_red = False
     for b in blocks[:-1]:
         its = block_iters(sch, b)
         kinds = "".join(k for _, _, k in its)
-        exts = [loop_extent(sch, lp) for lp, _, _ in its]
+        exts = [sch.get(lp).extent for lp, _, _ in its]
         if is_reduction(sch, b):
             has_red = True
             if not re.fullmatch(r"S+R+", kinds) or kinds.count("S") != len(row_ext):
                 return False
-            if exts[: len(row_ext)] != row_ext:
+            if not same_rows(exts):
                 return False
         else:
-            if exts[: len(row_ext)] != row_ext or len(exts) > len(row_ext) + 1:
+            if not same_rows(exts) or len(exts) > len(row_ext) + 1:
                 return False
     if not has_red:
         return False
     loops = sch.get_loops(out)
+    total = _bound(sch, loops, hw)
     rows = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-    total = 1
-    for e in row_ext:
-        total *= e
-    total *= loop_extent(sch, loops[-1])
     for b in reversed(blocks[:-1]):
         sch.compute_at(b, rows, preserve_unit_loops=True)
     _maybe_parallel(sch, rows, total, hw)
@@ -417,7 +454,8 @@ def _sched_safe(sch, hw: HostModel) -> str:
         if not loops:
             continue
         ivs = sch.get(b).iter_vars
-        if len(ivs) == len(loops) and int(ivs[0].iter_type) == 0 and loop_extent(sch, loops[0]) > 1:
+        if len(ivs) == len(loops) and int(ivs[0].iter_type) == 0 and \
+                (static_extent(sch, loops[0]) or 2) > 1:  # None: a dynamic dim
             sch.parallel(loops[0])
     return "fallback-parallel"
 

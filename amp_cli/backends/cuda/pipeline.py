@@ -11,7 +11,8 @@ TVM's own CUDA pipeline (tvm/relax/backend/cuda/pipeline.py) with these changes:
 - the default rules are amp's (``rules/``): its GEMM rule first, then dlight's, with amp's
   large-injective rule before dlight's Fallback; a rule that raises is skipped (``fallible``);
 - Relax's CUDA-graph rewriting is on (``relax.backend.use_cuda_graph``): the kernels between the
-  input and the output of a static-shape model are captured once and replayed as one graph;
+  input and the output of a static-shape model are captured once and replayed as one graph
+  (off for a module with dynamic dims: docs/dynamic-shapes.md);
 - the pass list is assembled here, in one place, so convert and tune compile the same way;
 - before anything else, every variable and buffer gets a name CUDA source can print
   (``frontend/names.py``): the model's own names (``onnx:/model.9/Concat``) stay in amp's IR
@@ -26,6 +27,7 @@ import dataclasses
 
 from ... import tvm_compat
 from ...config import CudaConfig
+from ...dims import module_ranges
 from ...frontend.names import make_identifiers
 from ...hardware import arch_sm
 from ...ir_attrs import CUDA_GRAPH, KERNEL_NAME
@@ -103,7 +105,8 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
         # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
         # keeping the caller's other config and instruments.
         config = {str(k): v for k, v in pass_ctx.config.items()}
-        config.update(cuda_graph_config(cuda.cuda_graph))
+        # dynamic dims: TVM would capture one graph per shape seen, without bound
+        config.update(cuda_graph_config(cuda.cuda_graph and not module_ranges(mod)))
         with target, tvm.transform.PassContext(opt_level=pass_ctx.opt_level, config=config,
                                                instruments=list(pass_ctx.instruments)):
             # first: the passes below name kernels' buffers after these variables

@@ -1,0 +1,118 @@
+"""What a build adds to a module with dynamic dims (docs/dynamic-shapes.md): a range check at
+the entry of ``main``, a function that tells what the library accepts, and (``specialize``)
+a copy of the model compiled for the optimum shape exactly, which ``main`` dispatches to when
+the input has that shape.
+
+The check runs in the VM before any kernel, so a shape outside the ranges is a Python
+``AssertionError`` naming every range (``vm["main"](x)`` called directly included), never a
+kernel reading past a buffer planned for the largest shape. Inputs whose dims disagree (an
+``attention_mask`` of another batch than ``input_ids``) are stopped earlier still, by the VM's
+own shape matching, with a ValueError.
+"""
+from __future__ import annotations
+
+import json
+
+from .. import tvm_compat
+from ..dims import describe_ranges, module_ranges
+from ..ir_attrs import (DIM_OPTIMUM, INPUT_RANGES_FUNCTION, TIR_VAR_LOWER_BOUND,
+                        TIR_VAR_UPPER_BOUND)
+
+DYNAMIC_FUNCTION = "main_dynamic"  # the model for every shape in the ranges (symbolic kernels)
+OPTIMUM_FUNCTION = "main_optimum"  # the model at the optimum shape (static kernels)
+
+
+def range_message(ranges: dict) -> str:
+    """The AssertionError text: the sizes given ({} placeholders, filled by the VM) and every
+    allowed range."""
+    given = ", ".join(f"{name}={{}}" for name in ranges)
+    return (f"amp: input shape outside the ranges this library was built for: {given}; "
+            f"allowed: {describe_ranges(ranges)}")
+
+
+def ranges_json(ranges: dict) -> str:
+    """What ``amp_input_ranges()`` returns: {dim: {"min", "max", "opt"}}."""
+    return json.dumps({name: {"min": r.lo, "max": r.hi, "opt": r.optimum}
+                       for name, r in ranges.items()})
+
+
+def guard_dynamic(mod, specialize: bool = False):
+    """``mod`` with main's range check and ``amp_input_ranges()``, and with ``specialize`` the
+    dispatch to a static copy at the optimum; a static module as it is."""
+    ranges = module_ranges(mod)
+    if not ranges:
+        return mod
+    if specialize:
+        mod = specialize_optimum(mod, {n: r.optimum for n, r in ranges.items()})
+    main = mod["main"]
+    by_name = {str(v.name): v for v in tvm_compat.symbolic_vars(main)}
+    dims = [by_name[n] for n in ranges]
+    checked = tvm_compat.with_range_check(main, dims, [(r.lo, r.hi) for r in ranges.values()],
+                                          range_message(ranges))
+    new = mod.clone()
+    new[mod.get_global_var("main")] = checked
+    new[INPUT_RANGES_FUNCTION] = tvm_compat.string_function(INPUT_RANGES_FUNCTION,
+                                                            ranges_json(ranges))
+    return new
+
+
+def specialize_optimum(mod, sizes: dict[str, int]):
+    """``mod`` whose main runs ``main_optimum`` (main with each dynamic dim bound to
+    ``sizes``: static shapes, so every static-shape rewrite and kernel applies) when the input
+    has exactly that shape, else ``main_dynamic`` (main as it was). Both read the same
+    weights (the build's constant dedup keeps one copy of what the passes leave equal)."""
+    relax = tvm_compat.relax()
+    tvm = tvm_compat.tvm()
+    main_gv = mod.get_global_var("main")
+    main = mod[main_gv]
+    dims = {str(v.name): v for v in tvm_compat.symbolic_vars(main)}
+    generic = tvm_compat.private_function(
+        tvm_compat.with_fresh_constants(tvm_compat.copy_with_new_vars(main)))
+    static = tvm_compat.private_function(main.bind_symbolic_vars(sizes))
+    for key in (TIR_VAR_UPPER_BOUND, TIR_VAR_LOWER_BOUND, DIM_OPTIMUM):
+        static = static.without_attr(key)
+    bb = relax.BlockBuilder(mod)
+    dyn_gv = bb.add_func(generic, DYNAMIC_FUNCTION)
+    opt_gv = bb.add_func(static, OPTIMUM_FUNCTION)
+    params = [relax.Var(p.name, p.ty) for p in main.params]
+    at_optimum = relax.prim_value(tvm.tirx.all(*[dims[n] == v for n, v in sizes.items()]))
+    fixed = [relax.Var(f"{p.name}_optimum", q.ty) for p, q in zip(params, static.params)]
+    opt_out = relax.Var("out_optimum", static.ret_ty)
+    then = relax.SeqExpr([relax.BindingBlock(
+        [relax.MatchCast(v, p, v.ty) for v, p in zip(fixed, params)]
+        + [relax.VarBinding(opt_out, relax.Call(opt_gv, fixed))])], opt_out)
+    dyn_out = relax.Var("out_dynamic", main.ret_ty)
+    other = relax.SeqExpr([relax.BindingBlock(
+        [relax.VarBinding(dyn_out, relax.Call(dyn_gv, params))])], dyn_out)
+    fbb = relax.BlockBuilder()
+    with fbb.function("main", params, attrs=dict(main.attrs), pure=main.is_pure):
+        out = fbb.emit(relax.If(at_optimum, then, other))
+        fbb.emit_func_output(fbb.match_cast(out, main.ret_ty))
+    bb.update_func(main_gv, fbb.get()["main"])
+    return bb.get()
+
+
+def at_optimum(mod):
+    """``mod`` with each dynamic dim of main bound to its optimum: a static module whose
+    kernels are those of ``main_optimum`` (what ``amp tune`` tunes); a static module as it
+    is."""
+    ranges = module_ranges(mod)
+    if not ranges:
+        return mod
+    main = mod["main"].bind_symbolic_vars({n: r.optimum for n, r in ranges.items()})
+    for key in (TIR_VAR_UPPER_BOUND, TIR_VAR_LOWER_BOUND, DIM_OPTIMUM):
+        main = main.without_attr(key)
+    new = mod.clone()
+    new[mod.get_global_var("main")] = main
+    return new
+
+
+def guard_pass(specialize: bool = False):
+    """:func:`guard_dynamic` as a module pass (the first of amp's Relax pipelines)."""
+    tvm = tvm_compat.tvm()
+
+    @tvm.transform.module_pass(opt_level=0, name="AmpDynamicGuard")
+    def _pass(mod, _ctx):
+        return guard_dynamic(mod, specialize)
+
+    return _pass

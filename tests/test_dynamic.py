@@ -1,0 +1,223 @@
+"""Dynamic shapes (issue 22, docs/dynamic-shapes.md): ranges on the command line and in YAML,
+one library for every shape in the ranges that rejects the others with a Python exception
+naming them, accuracy at the min / optimum / max, `amp bench` at a chosen shape, the tuning
+tasks at the optimum, and CUDA code generation.
+
+Models: ``models.dynamic_bert`` (token ids + padding mask, dims ``batch`` and ``sequence``) and
+``models.tiny_cnn`` (dim ``batch``), both fp16, checked against ONNX Runtime fp32 at
+rel L2 <= 5e-3 and max abs <= 2e-2 (measured: BERT-like <= 6.5e-4 / 2.4e-3 over the shapes
+below, CNN <= 1e-3 / 1e-3).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import amp_cli
+from amp_cli import models
+from amp_cli.accuracy import metrics, random_inputs
+from amp_cli.config import ConvertConfig, DimRange, apply_yaml, parse_dim, parse_input_shape
+from amp_cli.errors import ConfigError, InputError
+
+REL_L2, MAX_ABS = 5e-3, 2e-2
+BERT_SHAPE = "input_ids:1..4(2)x8..48(16)"
+BERT_SHAPES = [(1, 8), (2, 16), (3, 29), (4, 48), (1, 48), (4, 8), (2, 33)]  # (batch, sequence)
+
+
+@pytest.fixture(scope="module")
+def bert_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dyn") / "dynamic_bert.onnx"
+    onnx.save(models.dynamic_bert(), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bert_llvm(bert_onnx, tmp_path_factory):
+    """dynamic_bert converted once for llvm with batch 1..4 (optimum 2) and sequence 8..48
+    (optimum 16): (OUTDIR, the loaded model)."""
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..4(2)", "8..48(16)"]})
+    conv = amp_cli.convert(model, ConvertConfig(target="llvm"))
+    out = tmp_path_factory.mktemp("dyn") / "bert_llvm"
+    conv.save(out)
+    conv.cleanup()
+    return out, model
+
+
+def _vm(outdir):
+    from amp_cli import tvm_compat
+
+    dev = tvm_compat.cpu_device()
+    return tvm_compat.relax_vm(tvm_compat.load_module(str(outdir / "model.so")), dev), dev
+
+
+# --- syntax: CLI and YAML ----------------------------------------------------------------------
+
+def test_parse_ranges():
+    assert parse_dim("1..32(8)", "d") == DimRange(1, 32, 8)
+    assert parse_dim("1..32@8", "d") == DimRange(1, 32, 8)
+    assert parse_dim("16..512", "d") == DimRange(16, 512) and DimRange(16, 512).optimum == 512
+    assert parse_dim(" 7 ", "d") == 7
+    assert str(DimRange(1, 32, 8)) == "1..32(8)" and DimRange(1, 32, 8).points() == [1, 8, 32]
+    assert parse_input_shape("ids:1..32(8)x128") == ("ids", [DimRange(1, 32, 8), 128])
+    for bad, why in [("0..4", "1 <= LO <= HI"), ("5..4", "1 <= LO <= HI"),
+                     ("1..4(5)", "outside the range"), ("1..", "neither"), ("a..b", "neither"),
+                     ("1-4", "neither")]:
+        with pytest.raises(ConfigError, match=why.replace("(", r"\(")):
+            parse_dim(bad, "d")
+
+
+def test_yaml_ranges_strict(tmp_path):
+    cfg = apply_yaml(ConvertConfig(), {"input_shapes": {"ids": ["1..32(8)", 128],
+                                                         "mask": "1..32(8)x128"},
+                                        "dynamic": {"dims": {"batch": "1..32@8"},
+                                                    "specialize_optimum": False}}, "c.yaml")
+    assert cfg.input_shapes == {"ids": ["1..32(8)", 128], "mask": ["1..32(8)", 128]}
+    assert cfg.dynamic.dims == {"batch": "1..32(8)"} and not cfg.dynamic.specialize_optimum
+    with pytest.raises(ConfigError, match=r"c.yaml: input_shapes.ids\[0\]: range 9..2"):
+        apply_yaml(ConvertConfig(), {"input_shapes": {"ids": ["9..2", 128]}}, "c.yaml")
+    with pytest.raises(ConfigError, match="unknown key 'dynamic.dimz'; did you mean 'dims'"):
+        apply_yaml(ConvertConfig(), {"dynamic": {"dimz": {}}}, "c.yaml")
+
+
+def test_cli_bad_range_is_a_usage_error(cli, bert_onnx, tmp_path):
+    for args in (["--input-shape", "input_ids:1..4(9)x8"], ["--dynamic", "batch"],
+                 ["--dynamic", "batch=3..1"]):
+        res = cli("convert", bert_onnx, "-o", tmp_path / "o", "--target", "llvm", *args)
+        assert res.exit_code == 2, res.output
+        assert res.stderr.startswith("amp: error: ") and "e.g." in res.stderr
+
+
+def test_binding_errors(bert_onnx, tiny_onnx):
+    with pytest.raises(InputError, match="dim 'batch' is given two sizes: 1..4 .* and 1..8"):
+        amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..4", "8..48"],
+                                              "attention_mask": ["1..8", "8..48"]})
+    with pytest.raises(InputError, match="--dynamic names 'btch'.* batch, sequence"):
+        amp_cli.load(bert_onnx, dims={"btch": "1..4"})
+    with pytest.raises(InputError, match="a range 1..4 for dim 1, which the model fixes at 3"):
+        amp_cli.load(tiny_onnx, input_shapes={"input": ["1..4", "1..4", 32, 32]})
+    with pytest.raises(InputError, match="symbolic input dims must be bound: .*sequence"):
+        amp_cli.load(bert_onnx, dims={"batch": "1..4"})
+
+
+def test_named_dims_bind_every_input(bert_onnx):
+    m = amp_cli.load(bert_onnx, dims={"batch": "1..4(2)", "sequence": 16})
+    assert [s.shape for s in m.inputs] == [["batch", 16], ["batch", 16]]
+    assert m.dynamic == {"batch": DimRange(1, 4, 2)}
+    static = amp_cli.load(bert_onnx, input_shapes={"input_ids": [2, 16]})  # propagates by name
+    assert [s.shape for s in static.inputs] == [[2, 16], [2, 16]] and not static.dynamic
+
+
+# --- one library for every shape in the ranges ----------------------------------------------
+
+def test_bert_llvm_runs_every_shape_in_range(bert_llvm):
+    out, model = bert_llvm
+    report = json.loads((out / "report.json").read_text())
+    points = report["accuracy"]["points"]
+    assert [p["dims"] for p in points] == [{"batch": 1, "sequence": 8},
+                                           {"batch": 2, "sequence": 16},
+                                           {"batch": 4, "sequence": 48}]
+    assert all(p["worst"]["rel_l2"] <= REL_L2 for p in points)
+    assert report["model"]["dynamic"] == {"batch": "1..4(2)", "sequence": "8..48(16)"}
+    vm, dev = _vm(out)
+    from amp_cli import tvm_compat
+
+    assert json.loads(str(vm["amp_input_ranges"]())) == {
+        "batch": {"min": 1, "max": 4, "opt": 2}, "sequence": {"min": 8, "max": 48, "opt": 16}}
+    for k, (batch, seq) in enumerate(BERT_SHAPES):
+        feeds = random_inputs(model.inputs_at({"batch": batch, "sequence": seq}), seed=k)
+        ref = model.reference(feeds)[0]
+        got = vm["main"](*[tvm_compat.to_tvm_tensor(feeds[s.name], dev)
+                           for s in model.inputs]).numpy()
+        m = metrics(ref, got)
+        assert got.shape == (batch, seq, 64)
+        assert m["rel_l2"] <= REL_L2 and m["max_abs"] <= MAX_ABS, (batch, seq, m)
+
+
+@pytest.mark.parametrize("batch,seq", [(5, 8), (1, 7), (4, 49), (1, 1000)])
+def test_out_of_range_is_a_python_exception_naming_the_ranges(bert_llvm, batch, seq):
+    from amp_cli import tvm_compat
+
+    vm, dev = _vm(bert_llvm[0])
+    ids = tvm_compat.to_tvm_tensor(np.zeros((batch, seq), "int64"), dev)
+    with pytest.raises(AssertionError, match=r"batch=\d+, sequence=\d+; allowed: batch 1..4, "
+                                             r"sequence 8..48"):
+        vm["main"](ids, ids)
+
+
+def test_inputs_that_disagree_are_an_exception(bert_llvm):
+    from amp_cli import tvm_compat
+
+    vm, dev = _vm(bert_llvm[0])
+    a = tvm_compat.to_tvm_tensor(np.zeros((2, 8), "int64"), dev)
+    b = tvm_compat.to_tvm_tensor(np.zeros((3, 8), "int64"), dev)
+    with pytest.raises(Exception, match="attention_mask"):
+        vm["main"](a, b)
+
+
+def test_cnn_dynamic_batch_cli(cli, tiny_onnx, tmp_path):
+    out = tmp_path / "cnn"
+    res = cli("convert", tiny_onnx, "-o", out, "--target", "llvm", "--dynamic", "batch=1..8@4")
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert [p["dims"]["batch"] for p in report["accuracy"]["points"]] == [1, 4, 8]
+    assert "batch=1 | input 1x3x32x32" in (out / "report.md").read_text()
+    model = amp_cli.load(tiny_onnx, dims={"batch": "1..8(4)"})
+    vm, dev = _vm(out)
+    from amp_cli import tvm_compat
+
+    for batch in (1, 2, 3, 4, 5, 8):
+        x = random_inputs(model.inputs_at({"batch": batch}), seed=batch)
+        got = vm["main"](tvm_compat.to_tvm_tensor(x["input"], dev)).numpy()
+        m = metrics(model.reference(x)[0], got)
+        assert m["rel_l2"] <= REL_L2 and m["max_abs"] <= MAX_ABS, (batch, m)
+    with pytest.raises(AssertionError, match="allowed: batch 1..8"):
+        vm["main"](tvm_compat.to_tvm_tensor(np.zeros((9, 3, 32, 32), "float32"), dev))
+
+
+def test_bench_times_a_chosen_shape(cli, bert_llvm, tmp_path):
+    out = bert_llvm[0]
+    res = cli("bench", out, "--input-shape", "input_ids:3x40", "--repeat", "3", "--warmup", "1",
+              "--json", tmp_path / "b.json")
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert [t["shape"] for t in data["inputs"]["tensors"]] == [[3, 40], [3, 40]]
+    res = cli("bench", out, "--dynamic", "batch=9", "--repeat", "1")
+    assert res.exit_code == 1 and "batch=9: outside the ranges" in res.stderr
+    assert "batch 1..4, sequence 8..48" in res.stderr
+    res = cli("bench", out, "--input-shape", "input_ids:1..3x40")
+    assert res.exit_code == 2 and "one shape" in res.stderr
+
+
+def test_tuning_tasks_are_the_optimum_kernels(bert_onnx):
+    from amp_cli import tvm_compat
+    from amp_cli.target import resolve_target
+    from amp_cli.tuning.tasks import fused_module
+
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..4(2)", "8..48(16)"]})
+    fused = fused_module(model, ConvertConfig(target="llvm"), resolve_target("llvm"))
+    kernels = [f for _, f in fused.functions_items()
+               if isinstance(f, tvm_compat.prim_func_class())]
+    dims = [d for f in kernels for p in f.params for d in (getattr(p, "shape", None) or [])]
+    assert kernels and dims and all(hasattr(d, "value") for d in dims)  # static shapes only
+
+
+def test_cuda_codegen(bert_onnx):
+    """sm_90 code generation of the dynamic model (static copy at the optimum included); the
+    values of the same converted module are checked by the CPU build in convert."""
+    from amp_cli.compile import build
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.precision import convert_precision
+    from amp_cli.target import resolve_target
+
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..4(2)", "8..48(16)"]})
+    mod, _ = convert_precision(model.mod, PrecisionConfig(), model.node_types)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        res = build(mod, resolve_target("cuda:sm_90"), f"{d}/m.so", specialize=True)
+    assert res.tensor_core_kernels > 0 and res.cuda_source_bytes > 0
+    # main_optimum takes amp's static-shape rewrites (Q/K/V combined, NT GEMMs)
+    assert res.graph_rewrites["combined_matmuls"] and res.graph_rewrites["matmuls_nt"]
