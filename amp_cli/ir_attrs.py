@@ -6,6 +6,7 @@ KERNEL_NAME = "amp.kernel"  # the kernel's global name, for schedule-rule failur
 IS_SCHEDULED = "tirx.is_scheduled"  # TVM's: dlight and MetaSchedule leave such kernels alone
 LEGACY_IS_SCHEDULED = "tir.is_scheduled"  # the pre-0.27 spelling, still honoured on read
 NOALIAS = "tirx.noalias"
+IS_HOST_FUNC = "tirx.is_host_func"  # TVM's: a host-side PrimFunc (the VM's shape functions)
 TIRX_KERNEL = "amp.tirx"  # written in TIRx: lowered by TVM's TIRx pipeline (hopper_gemm)
 HOPPER_TILE = "amp.hopper_tile"  # the wgmma tile a Hopper GEMM kernel uses (for reports)
 TUNED_WORKLOAD = "amp.tuned_workload"  # set on kernels that took a tuning record

@@ -487,6 +487,28 @@ def onnx_extra_converters(converters: dict):
         onnx_frontend._get_convert_map = original
 
 
+def prim_value_expr(expr):
+    """``expr`` when it is a scalar PrimExpr (0.27: a symbolic dim the importer took from a
+    shape is the TIR expression itself), else None."""
+    return expr if tvm().ir.is_prim_expr(expr) else None
+
+
+def scalar_dtype(expr) -> str | None:
+    """The dtype of a Relax scalar (a tensor constant or a PrimValue), or None."""
+    ty = getattr(expr, "ty", None)
+    dtype = getattr(ty, "dtype", None)
+    return None if dtype is None else str(dtype)
+
+
+def onnx_default_converter(op_type: str, opset: int):
+    """TVM's own converter of ONNX ``op_type``: ``fn(bb, inputs, attrs, params)`` (for amp's
+    converters that handle some cases and hand the rest back)."""
+    tvm()
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return getattr(onnx_frontend, op_type).get_converter(opset)
+
+
 def constant_value(expr):
     """The numpy value of a Relax constant, or None when ``expr`` is not one."""
     if isinstance(expr, tvm().ir.expr.Constant):

@@ -177,6 +177,25 @@ def test_cnn_dynamic_batch_cli(cli, tiny_onnx, tmp_path):
         vm["main"](tvm_compat.to_tvm_tensor(np.zeros((9, 3, 32, 32), "float32"), dev))
 
 
+def test_range_over_a_dynamic_dim(tmp_path):
+    """``torch.arange(x.shape[1])`` as transformers exports it: Range(0, Gather(Shape(x), 1), 1)
+    stays a function of the dim (TVM's own converter made it data-dependent: the build failed)."""
+    b = models.GraphBuilder(seed=1)
+    n = b.op("Gather", [b.op("Shape", ["x"]), b.const(np.array(1, "int64"), "i")], axis=0)
+    pos = b.op("Range", [b.const(np.array(0, "int64"), "z"), n, b.const(np.array(1, "int64"), "o")])
+    y = b.op("Add", ["x", b.op("Cast", [pos], to=1)])
+    path = tmp_path / "range.onnx"
+    onnx.save(b.model([("x", ["batch", "sequence"], "float32")],
+                      [(y, ["batch", "sequence"], "float32")]), str(path))
+    model = amp_cli.load(path, dims={"batch": "1..4", "sequence": "2..64(8)"})
+    conv = amp_cli.convert(model, ConvertConfig(target="llvm"))
+    try:
+        assert len(conv.accuracy["points"]) == 3
+        assert all(p["worst"]["rel_l2"] <= REL_L2 for p in conv.accuracy["points"])
+    finally:
+        conv.cleanup()
+
+
 def test_bench_times_a_chosen_shape(cli, bert_llvm, tmp_path):
     out = bert_llvm[0]
     res = cli("bench", out, "--input-shape", "input_ids:3x40", "--repeat", "3", "--warmup", "1",

@@ -12,6 +12,7 @@ from .. import tvm_compat
 from ..errors import BuildError
 from ..sandbox import note_step, run_isolated
 from ..target import ResolvedTarget
+from .dynamic import noalias_shape_functions
 from .pipeline import compile_target, relax_pipeline, report_labels, tir_pipeline
 from .records import tuned_kernel_summary
 
@@ -48,6 +49,7 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
         lowered = relax_pipeline(target, tuning_db, cuda, rule_failures=failures,
                                  rewrite_stats=rewrites, specialize=specialize)(mod)
     lowered = tvm_compat.dedup_constants(lowered)  # weights read by two copies of main: once
+    lowered = noalias_shape_functions(lowered)  # else LLVM's kernels lose restrict (dynamic.py)
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
                      if isinstance(f, tvm_compat.prim_func_class()))
     note_step("codegen")

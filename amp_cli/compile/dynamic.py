@@ -15,8 +15,8 @@ import json
 
 from .. import tvm_compat
 from ..dims import describe_ranges, module_ranges
-from ..ir_attrs import (DIM_OPTIMUM, INPUT_RANGES_FUNCTION, TIR_VAR_LOWER_BOUND,
-                        TIR_VAR_UPPER_BOUND)
+from ..ir_attrs import (DIM_OPTIMUM, INPUT_RANGES_FUNCTION, IS_HOST_FUNC, NOALIAS,
+                        TIR_VAR_LOWER_BOUND, TIR_VAR_UPPER_BOUND)
 
 DYNAMIC_FUNCTION = "main_dynamic"  # the model for every shape in the ranges (symbolic kernels)
 OPTIMUM_FUNCTION = "main_optimum"  # the model at the optimum shape (static kernels)
@@ -104,6 +104,26 @@ def at_optimum(mod):
         main = main.without_attr(key)
     new = mod.clone()
     new[mod.get_global_var("main")] = main
+    return new
+
+
+def noalias_shape_functions(mod):
+    """``mod`` with ``tirx.noalias`` on the VM's host PrimFuncs of at most one buffer (the shape
+    functions on the shape heap, the range check's scalar conditions), which a module with
+    dynamic dims has. TVM 0.27's LLVM codegen outlines each
+    kernel's body into a restrict-pointer ``<name>_compute_`` function only when every PrimFunc
+    of the module is noalias: one shape function without it made every CPU kernel of a dynamic
+    build 2-2.5x slower (a ResNet conv: 1.25 ms instead of 0.50 ms, same TIR)."""
+    prim = tvm_compat.prim_func_class()
+    updates = {gv: f.with_attr(NOALIAS, True) for gv, f in mod.functions_items()
+               if isinstance(f, prim) and f.attrs is not None and IS_HOST_FUNC in f.attrs
+               and NOALIAS not in f.attrs
+               and sum(type(p.ty).__name__ == "BufferType" for p in f.params) <= 1}
+    if not updates:
+        return mod
+    new = mod.clone()
+    for gv, f in updates.items():
+        new[gv] = f
     return new
 
 

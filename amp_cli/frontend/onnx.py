@@ -14,6 +14,7 @@ from ..sandbox import error_line
 from .input_values import infer_input_values
 from .model import ONNX_DTYPES, InputSpec, LoadedModel, bind_input_shapes
 from .rnn import CONVERTERS as RNN_CONVERTERS  # ops TVM's importer lacks, converted by amp
+from .shape_ops import CONVERTERS as SHAPE_CONVERTERS  # keep dynamic dims symbolic
 
 
 def _onnx_inputs(graph) -> list[InputSpec]:
@@ -67,7 +68,7 @@ def load_onnx(path: Path, input_shapes, simplify: bool, dims=None) -> LoadedMode
     sink = io.StringIO()
     try:
         with contextlib.redirect_stdout(sink), tvm_compat.onnx_node_naming() as current, \
-                tvm_compat.onnx_extra_converters(RNN_CONVERTERS):
+                tvm_compat.onnx_extra_converters({**RNN_CONVERTERS, **SHAPE_CONVERTERS}):
             mod = tvm_compat.from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict)
     except UnsupportedOpError as exc:  # amp's own converters name the node and the reason
         raise UnsupportedOpError(f"{path}: {exc}", ops=exc.ops) from exc
