@@ -154,6 +154,11 @@ def render_markdown(r: dict) -> str:
                              + (" (TVM's cp.async ignores a copy's stride)" if guard else ""))
         else:
             lines.append("- CUDA legalization: no kernel needed a rewrite")
+    if b.get("variants"):
+        lines.append(f"- dynamic dims: `main_optimum` (every dim at its optimum, static kernels) "
+                     f"calls {len(b['variants'].get('main_optimum', []))} kernels, "
+                     f"`main_dynamic` (every other shape, symbolic kernels) "
+                     f"{len(b['variants'].get('main_dynamic', []))}")
     rewrites = {k: v for k, v in (b.get("graph_rewrites") or {}).items() if v}
     if rewrites:
         labels = b.get("graph_rewrite_labels") or {}

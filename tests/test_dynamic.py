@@ -121,6 +121,10 @@ def test_bert_llvm_runs_every_shape_in_range(bert_llvm):
                                            {"batch": 4, "sequence": 48}]
     assert all(p["worst"]["rel_l2"] <= REL_L2 for p in points)
     assert report["model"]["dynamic"] == {"batch": "1..4(2)", "sequence": "8..48(16)"}
+    variants = report["build"]["variants"]  # the optimum copy's kernels are static ones
+    assert variants["main_optimum"] and variants["main_dynamic"]
+    assert not set(variants["main_optimum"]) & set(variants["main_dynamic"])
+    assert "`main_optimum` (every dim at its optimum" in (out / "report.md").read_text()
     vm, dev = _vm(out)
     from amp_cli import tvm_compat
 

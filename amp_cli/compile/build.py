@@ -12,7 +12,7 @@ from .. import tvm_compat
 from ..errors import BuildError
 from ..sandbox import note_step, run_isolated
 from ..target import ResolvedTarget
-from .dynamic import noalias_shape_functions
+from .dynamic import kernels_by_function, noalias_shape_functions
 from .pipeline import compile_target, relax_pipeline, report_labels, tir_pipeline
 from .records import tuned_kernel_summary
 
@@ -33,6 +33,8 @@ class BuildResult:
     rule_failures: list[dict] = field(default_factory=list)  # CUDA schedule rules that raised
     graph_rewrites: dict = field(default_factory=dict)  # CUDA graph rewrites: counts per kind
     graph_rewrite_labels: dict = field(default_factory=dict)  # count key -> what it counts
+    # dynamic dims with the optimum copy: {"main_optimum": [kernels], "main_dynamic": [...]}
+    variants: dict = field(default_factory=dict)
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -52,6 +54,7 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
     lowered = noalias_shape_functions(lowered)  # else LLVM's kernels lose restrict (dynamic.py)
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
                      if isinstance(f, tvm_compat.prim_func_class()))
+    variants = kernels_by_function(lowered)
     note_step("codegen")
     records: list = []
     ex = tvm_compat.compile_relax(lowered, tgt, relax_pipeline=None,
@@ -72,7 +75,7 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
         size_bytes=os.path.getsize(out_path), kernels=kernels,
         legalized=[r.to_dict() for r in records], tensor_core_kernels=tc,
         cuda_source_bytes=len(src), schedule=schedule, rule_failures=failures,
-        graph_rewrites=rewrites,
+        graph_rewrites=rewrites, variants=variants,
         graph_rewrite_labels={k: v for k, v in report_labels(target).items() if k in rewrites})
 
 

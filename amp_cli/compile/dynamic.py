@@ -107,6 +107,29 @@ def at_optimum(mod):
     return new
 
 
+def kernels_by_function(mod) -> dict:
+    """{``main_optimum`` / ``main_dynamic``: the kernels (PrimFunc names) each calls} for a
+    lowered module with the optimum copy (the report's per-variant kernels); {} otherwise."""
+    relax = tvm_compat.relax()
+    prim = tvm_compat.prim_func_class()
+    names = {gv.name_hint for gv, f in mod.functions_items() if isinstance(f, prim)}
+    out = {}
+    for gv, func in mod.functions_items():
+        if gv.name_hint not in (OPTIMUM_FUNCTION, DYNAMIC_FUNCTION):
+            continue
+        used: set = set()
+
+        def visit(expr):
+            for x in [getattr(expr, "op", None), *(getattr(expr, "args", None) or [])]:
+                name = getattr(x, "name_hint", None)
+                if name in names:
+                    used.add(name)
+
+        relax.analysis.post_order_visit(func.body, visit)
+        out[gv.name_hint] = sorted(used)
+    return out
+
+
 def noalias_shape_functions(mod):
     """``mod`` with ``tirx.noalias`` on the VM's host PrimFuncs of at most one buffer (the shape
     functions on the shape heap, the range check's scalar conditions), which a module with
