@@ -1,4 +1,5 @@
-"""amp's CUDA TIR pipeline: TVM 0.27's default s_tir pipeline + the lane legalizer.
+"""amp's CUDA TIR pipeline: TVM 0.27's default s_tir pipeline + the lane legalizer (and, first,
+the sign-keeping pow rewrite of exact_pow.py).
 
 Why here: ``VectorizeLoop`` is the pass that turns ``T.vectorized`` loops into vector
 expressions (Ramp/Broadcast/vector loads), so illegal lane counts first exist right after it;
@@ -22,6 +23,7 @@ from .... import tvm_compat
 from ....ir_attrs import ASYNC_COPY, TIRX_KERNEL
 from .access_ptr import typed_access_ptr_pass
 from .async_copy import sync_strided_async_copy_pass
+from .exact_pow import exact_pow_pass
 from .legalize import lane_legalize_pass
 
 _COUNTER = itertools.count()
@@ -149,7 +151,8 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
             # + the access-pointer dtype fix for TVM 0.27's StorageRewrite (access_ptr.py)
             # + the strided-cp.async guard (async_copy.py)
             guard = sync_strided_async_copy_pass(records) if async_guard else None
-            passes = _s_tir_main_passes(config, legal, guard)
+            # pow first: fast math would make powf NaN for negative bases (exact_pow.py)
+            passes = [exact_pow_pass(), *_s_tir_main_passes(config, legal, guard)]
             if typed_access_ptr:
                 passes.append(typed_access_ptr_pass())
             tirx_mod, rest = split_tirx_kernels(mod)
