@@ -14,8 +14,8 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.backends.cuda.tir.exact_pow import MAX_UNROLLED, rewrite_func  # noqa: E402
+from amp_cli import tvm_compat
+from amp_cli.backends.cuda.tir.exact_pow import MAX_UNROLLED, rewrite_func
 
 N = 4096
 RTOL = 2e-6  # fp32 products of up to 4 factors vs float64 pow
@@ -88,7 +88,7 @@ def _gelu_tanh_module(n=1024):
     relax = tvm_compat.relax()
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((n,), "float32"))
-    c = lambda v: relax.const(v, "float32")  # noqa: E731
+    c = lambda v: relax.const(v, "float32")
     with bb.function("main", [x]):
         with bb.dataflow():
             cube = bb.emit(relax.op.power(x, c(3.0)))
