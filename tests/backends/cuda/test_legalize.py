@@ -224,10 +224,11 @@ def test_pipeline_matches_tvm_default():
     stock = names("default")
     ours = names(cuda_tir_pipeline(_target("sm_90"), []))
     wrappers = {"amp.LaneLegalize", "amp.CudaTIRPipeline", "amp.TypedAccessPtr",
-                "amp.SyncStridedAsyncCopy", "_pipeline", "sequential"}
+                "amp.SyncStridedAsyncCopy", "amp.ExactPow", "_pipeline", "sequential"}
     ours_wo = [n for n in ours if n not in wrappers]
     stock_wo = [n for n in stock if n not in wrappers]
     assert ours_wo == stock_wo
+    assert ours[ours.index("amp.CudaTIRPipeline") + 1:][:2] == ["sequential", "amp.ExactPow"]
     i = ours.index("amp.LaneLegalize")
     assert ours[i - 1] == "tirx.VectorizeLoop"
     assert ours.count("amp.LaneLegalize") == 2  # + the safety net after LowerIntrin
