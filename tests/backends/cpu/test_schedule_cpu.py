@@ -109,8 +109,39 @@ def attention_model(rng):
     return _model(nodes, inits, ("x", [1, s, hid]), ("y", [1, s, hid]))
 
 
+def _sliced(rng, head, shape_in, full, out):
+    """``head`` (ops producing "h" of shape ``full``) + a Slice dropping the last position of
+    the last axis + an activation: the GEMM write-back's epilogue then covers fewer points
+    than the GEMM (wav2vec2's positional conv with its "same" padding did this)."""
+    nodes, inits = head
+    inits.update({"st": np.array([0], "int64"), "en": np.array([full[-1] - 1], "int64"),
+                  "ax": np.array([len(full) - 1], "int64")})
+    nodes += [helper.make_node("Slice", ["h", "st", "en", "ax"], ["s"]),
+              helper.make_node("Sigmoid", ["s"], ["g"]),
+              helper.make_node("Mul", ["s", "g"], ["y"])]
+    return _model(nodes, inits, ("x", shape_in), ("y", out))
+
+
+def grouped_conv1d_sliced_model(rng):
+    c, groups, k = 64, 4, 16
+    inits = {"w": _rand(rng, c, c // groups, k, scale=1 / math.sqrt(c // groups * k)),
+             "bias": _rand(rng, c)}
+    head = ([helper.make_node("Conv", ["x", "w", "bias"], ["h"], group=groups,
+                              kernel_shape=[k], pads=[k // 2, k // 2])], inits)
+    return _sliced(rng, head, [1, c, 79], [1, c, 80], [1, c, 79])
+
+
+def matmul_sliced_model(rng):
+    m, k, n = 32, 48, 80
+    head = ([helper.make_node("MatMul", ["x", "w"], ["h"])],
+            {"w": _rand(rng, k, n, scale=1 / math.sqrt(k))})
+    return _sliced(rng, head, [m, k], [m, n], [m, n - 1])
+
+
 CASES = {
     "conv_bn_relu": conv_bn_relu_model,
+    "grouped_conv1d_sliced": grouped_conv1d_sliced_model,
+    "matmul_sliced": matmul_sliced_model,
     "matmul_odd": matmul_model,
     "softmax": softmax_model,
     "layernorm": layernorm_model,
