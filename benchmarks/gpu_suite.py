@@ -23,11 +23,14 @@ Usage (on the GPU machine, from the repo root):
   python benchmarks/gpu_suite.py --variant no-combine=benchmarks/variants/no-combine.yaml
   python benchmarks/gpu_suite.py --variant bert-large:no-split-k=benchmarks/variants/no-split-k.yaml
   python benchmarks/gpu_suite.py --build-only --arch sm_90   # compile times only, no GPU
+  python benchmarks/gpu_suite.py --models '' --corpus default --amp-precisions fp16,bf16
+      # issue 21: real exports (benchmarks/corpus) vs torch, geometric mean printed last
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -55,6 +58,16 @@ def parse_args(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet50,bert-large",
                     help="comma-separated subset of resnet50,bert-large")
+    ap.add_argument("--corpus", default="",
+                    help="also time these real-model corpus models (benchmarks/corpus; "
+                         "'default' = " + "issue 21's set), built at full scale and exported "
+                         "in the run; e.g. --models '' --corpus default")
+    ap.add_argument("--exporter", default="dynamo", choices=["dynamo", "legacy", "both"],
+                    help="torch.onnx.export path for --corpus models [default: dynamo, "
+                         "torch's default]")
+    ap.add_argument("--max-autotune", action="store_true",
+                    help="add torch.compile fp16 mode='max-autotune' (long compiles: its "
+                         "row says so when it misses --budget-s)")
     ap.add_argument("--layers", type=int, default=24, help="bert-large encoder layers")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--arch", default=None, help="CUDA arch (default: the local GPU's)")
@@ -179,6 +192,12 @@ def main(argv=None) -> int:
     wanted = [m.strip() for m in args.models.split(",") if m.strip()]
     suite = [m for m in bm.gpu_suite(layers=args.layers, batch=args.batch)
              if m.name.split("-")[0] in {w.split("-")[0] for w in wanted}]
+    if args.corpus:
+        from benchmarks.corpus import suite as corpus_suite
+
+        exporters = ["dynamo", "legacy"] if args.exporter == "both" else [args.exporter]
+        suite += [corpus_suite.bench_model(n, args.batch, e)
+                  for n in corpus_suite.names(args.corpus) for e in exporters]
     result = {"suite": "gpu", "schema_version": 1, "target": target, "bench": cfg.to_dict(),
               "args": vars(args), "versions": versions(), "machine": machine_info(),
               "models": {}, "builds": [], "notes": []}
@@ -187,19 +206,31 @@ def main(argv=None) -> int:
     weights, feeds, specs = {}, {}, {}
     for m in suite:
         t = time.perf_counter()
-        w = m.make_weights()
-        path = work / f"{m.name}.onnx"
-        onnx.save(m.make_onnx(w), str(path))
+        try:
+            w = m.make_weights()
+            path = work / f"{m.name}.onnx"
+            onnx.save(m.make_onnx(w), str(path))
+        except Exception as exc:  # noqa: BLE001 - an export that fails is a row, not the end
+            result["notes"].append(f"{m.name}: not built: {type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")
+            log(f"model {m.name}: not built ({type(exc).__name__})")
+            continue
         weights[m.name] = w
-        specs[m.name] = [InputSpec(n, list(s), "int64" if n == "input_ids" else "float32")
-                         for n, s in m.input_shapes.items()]
-        feeds[m.name] = random_inputs(specs[m.name], seed=0)
+        if m.make_feeds is not None:  # corpus models: valid ids and 0/1 masks
+            feeds[m.name] = m.make_feeds(w)
+            specs[m.name] = [InputSpec(n, list(a.shape), str(a.dtype))
+                             for n, a in feeds[m.name].items()]
+        else:
+            specs[m.name] = [InputSpec(n, list(s), "int64" if n == "input_ids" else "float32")
+                             for n, s in m.input_shapes.items()]
+            feeds[m.name] = random_inputs(specs[m.name], seed=0)
         result["models"][m.name] = {"description": m.description, "onnx": str(path),
                                     "onnx_bytes": path.stat().st_size,
                                     "inputs": [s.to_dict() for s in specs[m.name]],
                                     "make_s": time.perf_counter() - t, "runners": []}
         log(f"model {m.name}: {m.description}; ONNX {path.stat().st_size / 1e6:.0f} MB")
 
+    suite = [m for m in suite if m.name in weights]
     # 2. TVM builds in the background -----------------------------------------------------------
     jobs = []
     for m in suite:
@@ -329,6 +360,8 @@ def prepare_torch(suite, weights, feeds, specs, args, result, deadline) -> dict:
     if not args.no_compile_modes:
         modes += [("torch.compile fp16", "float16", "default"),
                   ("torch.compile fp16 reduce-overhead", "float16", "reduce-overhead")]
+        if args.max_autotune:
+            modes.append(("torch.compile fp16 max-autotune", "float16", "max-autotune"))
     runs: dict = {}
     for m in suite:
         module = m.make_torch(weights[m.name])
@@ -465,9 +498,42 @@ def render(result: dict, build_only: bool = False) -> str:
                          f"launch): " + ", ".join(
                 f"{p['name']} {p['ms']:.3f}ms x{p['count']} ({p['percent']:.0f}%)"
                 for p in prof[:5]))
+    lines += summary_lines(result)
     for n in result.get("notes", []):
         lines.append(f"note: {n}")
     return "\n".join(lines)
+
+
+def _p50(runners: list, name: str):
+    r = next((r for r in runners if r["name"] == name and r.get("latency")), None)
+    return r["latency"]["p50_ms"] if r else None
+
+
+def summary_lines(result: dict) -> list[str]:
+    """Issue 21's acceptance in numbers: amp fp16 / reduce-overhead per model and their
+    geometric mean (goal <= 0.85x, every model <= 1.0x), and amp bf16 / amp fp16 (goal within
+    5 %); models without both rows are left out and named."""
+    ratios, bf16, missing = {}, {}, []
+    for name, m in result["models"].items():
+        rs = m.get("runners") or []
+        amp, tc, b = _p50(rs, "amp fp16"), _p50(rs, BEST_TORCH), _p50(rs, "amp bf16")
+        if amp and tc:
+            ratios[name] = amp / tc
+        else:
+            missing.append(name)
+        if amp and b:
+            bf16[name] = b / amp
+    lines = []
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios))
+        worst = max(ratios, key=ratios.get)
+        lines.append(f"amp fp16 / {BEST_TORCH}: geometric mean {geo:.2f}x over {len(ratios)} "
+                     f"models (goal <= 0.85x); worst {worst} {ratios[worst]:.2f}x (goal <= 1.00x)"
+                     + (f"; not compared: {', '.join(missing)}" if missing else ""))
+    if bf16:
+        lines.append("amp bf16 / amp fp16: " + ", ".join(f"{n} {r:.2f}x" for n, r in bf16.items())
+                     + " (goal <= 1.05x)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -310,9 +310,15 @@ class BenchModel:
     make_onnx: Callable[[dict], object]
     make_torch: Callable[[dict], object]
     notes: list = field(default_factory=list)
+    # models whose inputs are not plain random floats / token ids (the corpus's masks):
+    # weights -> {input name: array}; input_shapes may then stay empty
+    make_feeds: Callable[[dict], dict] | None = None
+    batch_size: int | None = None
 
     @property
     def batch(self) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
         return next(iter(self.input_shapes.values()))[0]
 
 

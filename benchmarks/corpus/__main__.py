@@ -19,14 +19,15 @@ from . import export, run  # noqa: E402
 
 EPILOG = """\
 examples:
-  python benchmarks/corpus export /tmp/corpus --scale tiny            # 47 entries, both exporters
+  python benchmarks/corpus export /tmp/corpus --scale tiny            # 53 entries, both exporters
   python benchmarks/corpus export /tmp/corpus --only gpt2,lstm --exporter legacy
   python benchmarks/corpus run /tmp/corpus --target llvm --precision fp16,bf16 --json res.json
   python benchmarks/corpus run /tmp/corpus --target cuda --only vit_b_16   # on a GPU machine
 
 The corpus: torchvision (resnet50, mobilenet_v3_large, efficientnet_b0, convnext_tiny, vit_b_16,
-densenet121, shufflenet_v2_x1_0, squeezenet1_0, regnet_y_400mf, inception_v3), transformers
-built from configs in code (bert, distilbert, gpt2, t5_encoder, vit_hf, whisper_encoder),
+densenet121, shufflenet_v2_x1_0, squeezenet1_0, regnet_y_400mf, inception_v3, resnext50_32x4d,
+swin_t), transformers built from configs in code (bert, distilbert, gpt2, t5_encoder, vit_hf,
+whisper_encoder, wav2vec2),
 lstm, gru_bidirectional, yolo_head, and every onnx/backend/test/data/light/ model.
 See docs/corpus.md.
 """

@@ -90,6 +90,8 @@ TORCHVISION = {
     "squeezenet1_0": (64, 224, "fire modules Concat, large activations"),
     "regnet_y_400mf": (64, 224, "grouped convs, squeeze-excite"),
     "inception_v3": (96, 299, "four-branch Concat, odd spatial sizes"),
+    "resnext50_32x4d": (64, 224, "grouped 3x3 convs (32 groups) in a ResNet"),
+    "swin_t": (64, 224, "shifted-window attention: roll, window partition, relative bias"),
 }
 
 
@@ -163,6 +165,11 @@ def hf_config(name: str, p: dict):
             vocab_size=V, d_model=H, encoder_layers=L, encoder_attention_heads=A,
             encoder_ffn_dim=F, decoder_layers=1, decoder_attention_heads=A,
             max_source_positions=50 if H < 768 else 1500),
+        "wav2vec2": lambda: tf.Wav2Vec2Config(
+            hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=F,
+            **({} if H >= 768 else dict(conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
+                                        conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+                                        num_conv_pos_embedding_groups=4))),
     }[name]()
 
 
@@ -181,6 +188,9 @@ HF = {
     "whisper_encoder": ("WhisperEncoder", lambda c, p, b: [InputSpec(
         "input_features", (b, c.num_mel_bins, 2 * c.max_source_positions))],
         "conv1d front end + encoder layers (speech)"),
+    "wav2vec2": ("Wav2Vec2Model", lambda c, p, b: [InputSpec(
+        "input_values", (b, 1600 if p["hidden"] < 768 else 16000))],
+        "raw-audio conv encoder, GroupNorm, grouped positional conv (speech)"),
 }
 
 
