@@ -86,6 +86,8 @@ def build(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None = No
     module with dynamic dims also gets a copy compiled at its optimum shape
     (``dynamic.py``)."""
     stage = f"build {target.describe()}"
+    if target.is_cuda:  # once here: forked build children inherit them (pipeline.py says why)
+        tvm_compat.cuda_tensor_intrin()
     try:
         return run_isolated(_compile, mod, target, out_path, tuning_db, cuda, specialize,
                             stage=stage, isolate=isolate)

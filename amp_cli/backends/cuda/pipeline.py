@@ -97,6 +97,9 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
     tvm = tvm_compat.tvm()
     relax = tvm.relax
     cuda_pipe = tvm_compat.relax_cuda_pipeline()
+    # dlight's MatmulTensorization imports TVM's ~250 tensor intrinsics on first use, through
+    # TVMScript's slow inspect.stack(): 30-40 s of a build. Import them the fast way first.
+    tvm_compat.cuda_tensor_intrin()
     cuda = dataclasses.replace(cuda or CudaConfig(), **switches)
     ctx = build_context(target, cuda, rewrite_stats)
 
