@@ -17,25 +17,48 @@ from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 relax = tvm.relax
 
 
-def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=False, kt_input=False):
+def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=None, kt_input=False,
+                      split_scale=False, dynamo_kt=False):
     """The attention core as the ONNX importer + fp16 conversion write it: head-split transposes
     of [B, S, H, D] inputs, fp32 scores cast to fp16, scaled, softmax in fp32, PV in fp32 and
-    the output transposed back. ``mask``: an additive mask before the softmax (not fused);
-    ``kt_input``: K^T is a function input (materialized, D not innermost: not fused)."""
+    the output transposed back. ``mask``: the shape (and dtype, default fp16) of an additive
+    mask added before the softmax, a function input; ``kt_input``: K^T is a function input
+    (materialized, D not innermost: not fused); ``split_scale``: sqrt(scale) multiplies Q and
+    K^T instead of the scores (HF / SDPA exports); ``dynamo_kt``: K^T as the dynamo exporter
+    writes it (reshape to [B*H, S, D], transpose, reshape to [B, H, D, S])."""
     f16 = "float16"
     q = relax.Var("q", relax.TensorType((b, s, h, d), f16))
     k = relax.Var("k", relax.TensorType((b, h, d, s) if kt_input else (b, s, h, d), f16))
     v = relax.Var("v", relax.TensorType((b, s, h, d), f16))
+    params = [q, k, v]
+    if mask is not None:
+        shape, dtype = mask if isinstance(mask[-1], str) and len(mask) == 2 else (mask, f16)
+        m = relax.Var("m", relax.TensorType(tuple(shape), dtype))
+        params.append(m)
     bb = relax.BlockBuilder()
-    with bb.function("main", [q, k, v]):
+    with bb.function("main", params):
         with bb.dataflow():
             qt = bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3]))
-            kt = k if kt_input else bb.emit(relax.op.permute_dims(k, [0, 2, 3, 1]))
+            if kt_input:
+                kt = k
+            elif dynamo_kt:
+                kh = bb.emit(relax.op.permute_dims(k, [0, 2, 1, 3]))
+                kh = bb.emit(relax.op.reshape(kh, (b * h, s, d)))
+                kh = bb.emit(relax.op.permute_dims(kh, [0, 2, 1]))
+                kt = bb.emit(relax.op.reshape(kh, (b, h, d, s)))
+            else:
+                kt = bb.emit(relax.op.permute_dims(k, [0, 2, 3, 1]))
             vt = bb.emit(relax.op.permute_dims(v, [0, 2, 1, 3]))
+            if split_scale:
+                root = relax.const(float(np.sqrt(scale)), f16)
+                qt = bb.emit(relax.op.multiply(qt, root))
+                kt = bb.emit(relax.op.multiply(kt, root))
             sc = bb.emit(relax.op.astype(relax.op.matmul(qt, kt, out_dtype="float32"), f16))
-            sc = bb.emit(relax.op.multiply(sc, relax.const(scale, f16)))
-            if mask:
-                sc = bb.emit(relax.op.add(sc, relax.const(np.zeros((b, 1, 1, s), f16))))
+            if not split_scale:
+                sc = bb.emit(relax.op.multiply(sc, relax.const(scale, f16)))
+            if mask is not None:
+                sc = bb.emit(relax.op.add(sc, m if m.ty.dtype == f16 else
+                                          relax.op.astype(m, f16)))
             p = bb.emit(relax.op.nn.softmax(relax.op.astype(sc, "float32"), axis=-1))
             o = bb.emit(relax.op.matmul(relax.op.astype(p, f16), vt, out_dtype="float32"))
             o = bb.emit(relax.op.permute_dims(relax.op.astype(o, f16), [0, 2, 1, 3]))
@@ -79,9 +102,65 @@ def test_the_encoder_layer_fixture_is_fused(fp16_encoder_layer):
         [2, 64, 384]] * 3
 
 
+def _kernel_call(mod):
+    return [c for c in calls(mod) if op_name(c) == "relax.call_tir"]
+
+
+@pytest.mark.parametrize("mask,strides", [
+    (((2, 1, 1, 64), "float32"), (64, 0, 0, 1)),   # padding mask, fp32 (HF BERT)
+    ((64, 64), (0, 0, 64, 1)),                      # causal [S, S] (GPT-2, legacy exporter)
+    ((1, 1, 64, 64), (0, 0, 64, 1)),                # causal [1, 1, S, S] (dynamo exporter)
+    ((2, 2, 64, 64), (8192, 4096, 64, 1)),          # a full per-head bias
+])
+def test_masked_attention_is_fused_reading_the_mask_through_strides(mask, strides):
+    new, fused, declined = fuse_attention(_attention_module(mask=mask), 90)
+    assert (fused, declined) == (1, {})
+    ops = _ops(new)
+    assert "relax.nn.softmax" not in ops and "relax.permute_dims" not in ops
+    call = _kernel_call(new)[0]
+    args = list(call.args[1].fields)
+    # the mask parameter itself (an fp32 mask read as fp32: its cast is gone too)
+    assert len(args) == 4 and args[3].same_as(new["main"].params[3])
+    shape, dtype = mask if isinstance(mask[-1], str) else (mask, "float16")
+    assert ak.broadcast_mask(shape, dtype, (2, 2, 64, 64)).strides == strides
+    func = new[call.args[0]]
+    assert func.attrs["amp.kernel"] == "masked_attention"
+    made = [k for k in new.functions if k.name_hint.startswith("amp_attention")]
+    assert len(made) == 1
+    assert len(func.params) == 5
+
+
+def test_split_scale_and_dynamo_keys_are_read_in_place():
+    """sqrt(scale) on Q and on K^T (HF exports) folds into the kernel's scale; the dynamo
+    exporter's K^T (reshape / transpose / reshape) is read from the [B, S, H, D] tensor."""
+    for kw in ({"split_scale": True}, {"dynamo_kt": True},
+               {"split_scale": True, "dynamo_kt": True, "mask": (64, 64)}):
+        new, fused, declined = fuse_attention(_attention_module(scale=0.125, **kw), 90)
+        assert (fused, declined) == (1, {}), kw
+        ops = _ops(new)
+        assert "relax.permute_dims" not in ops and "relax.multiply" not in ops, (kw, ops)
+        assert "relax.reshape" in ops  # only the merge of the heads after the kernel
+        call = _kernel_call(new)[0]
+        assert [list(map(int, a.ty.shape.values)) for a in call.args[1].fields][:3] == \
+            [[2, 64, 2, 64]] * 3, kw
+
+def test_the_kernel_scale_is_the_product_of_the_factors(monkeypatch):
+    made = []
+    real = ak.attention_func
+    monkeypatch.setattr(ak, "attention_func", lambda *a: made.append(a[4]) or real(*a))
+    fuse_attention(_attention_module(scale=0.125), 90)
+    fuse_attention(_attention_module(scale=0.125, split_scale=True), 90)
+    root = float(np.float16(np.sqrt(0.125)))  # the fp16 constant the export holds
+    # two kernels each: the first form, then the one writing the heads-merged layout
+    assert made == [pytest.approx(0.125)] * 2 + [pytest.approx(root * root)] * 2
+
+
 def test_what_is_not_fused():
-    mod = _attention_module(mask=True)     # masked attention: not this kernel's pattern
-    assert fuse_attention(mod, 90)[1:] == (0, {})
+    # masks that would broadcast the scores up, not down to them: the kernel cannot read them
+    full = (1, 2, 64, 64)
+    assert ak.broadcast_mask((2, 2, 64, 64), "float16", full) is None
+    assert ak.broadcast_mask((3, 1, 1, 1, 64), "float16", full) is None
+    assert ak.broadcast_mask((64,), "float32", full).strides == (0, 0, 0, 1)
     mod = _attention_module(s=48)          # sequence not a multiple of 64: counted, unfused
     new, fused, declined = fuse_attention(mod, 90)
     assert fused == 0 and list(declined) == ["sequence length 48 is not a multiple of 64"]
@@ -102,12 +181,17 @@ def test_shared_memory_bound_and_supported_shapes():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch):
+@pytest.mark.parametrize("masked", [False, True])
+def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, tmp_path):
+    import shutil
+    import subprocess
+
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     b, h, s, d = 2, 4, 128, 64
+    mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
     func = ak.attention_func(b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
-                             ak.bshd(b, h, s, d), ak.bshd(b, h, s, d))
+                             ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask)
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
@@ -117,12 +201,21 @@ def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch):
     # and writes shared memory; the kernel is written so that none lands in a loop (9 in all:
     # loads, score store, two row exchanges, probabilities, output staging)
     assert src.count("__syncthreads()") <= 10, src.count("__syncthreads()")
+    # the mask is read once per score (S/2 per lane), from the fp32 buffer, nowhere else
+    assert src.count("mf_ptr[") == (s // 2 if masked else 0)
+    if shutil.which("nvcc"):
+        (tmp_path / "a.cu").write_text(src)
+        out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-o", str(tmp_path / "a.cubin"),
+                              str(tmp_path / "a.cu")], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
 
 
-def _reference(q, k, v, scale):
-    """float64 softmax(q k^T * scale) v over [B, H, S, D] arrays."""
+def _reference(q, k, v, scale, mask=None):
+    """float64 softmax(q k^T * scale [+ mask]) v over [B, H, S, D] arrays."""
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     sc = q @ k.transpose(0, 1, 3, 2) * scale
+    if mask is not None:
+        sc = sc + mask.astype(np.float64)
     p = np.exp(sc - sc.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)) @ v
 
@@ -154,3 +247,89 @@ def test_kernel_matches_float64_on_gpu(b, h, s, d, layout):
     # fp16 probabilities and output (2^-11 relative each), fp32 scores and sums
     err = np.abs(got - ref).max() / np.abs(ref).max()
     assert err < 4e-3, err
+
+
+def _mask_values(kind, b, h, s, dtype, rng):
+    """A mask of ``kind`` (its array and shape as the graph holds it): padding (the last keys
+    of each sequence masked with the dtype's lowest value, as HF writes finfo.min), causal with
+    -inf above the diagonal, or a random per-head bias."""
+    low = np.finfo(dtype).min
+    if kind == "padding":
+        m = np.zeros((b, 1, 1, s), dtype)
+        for i in range(b):
+            m[i, ..., s - 7 * (i + 1):] = low
+        return m
+    if kind == "causal":
+        return np.triu(np.full((s, s), -np.inf, dtype), 1)
+    return rng.uniform(-3, 3, (b, h, s, s)).astype(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind,dtype", [("padding", "float32"), ("padding", "float16"),
+                                        ("causal", "float16"), ("bias", "float32")])
+@pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32)])
+def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d):
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+
+    dev = tvm.cuda(0)
+    arch = "sm_" + dev.compute_version.replace(".", "")
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    rng = np.random.default_rng(s + d)
+    m = _mask_values(kind, b, h, s, dtype, rng)
+    mask = ak.broadcast_mask(m.shape, dtype, (b, h, s, s))
+    opnd = ak.bshd(b, h, s, d)
+    scale = 1 / np.sqrt(d)
+    func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask)
+    mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
+    lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
+    q, k, v = (rng.uniform(-2, 2, (b, h, s, d)).astype("float16") for _ in range(3))
+    out = tvm.runtime.tensor(np.zeros((b, s, h, d), "float16"), dev)
+    args = [tvm.runtime.tensor(x.transpose(0, 2, 1, 3).copy(), dev) for x in (q, k, v)]
+    lib["attention"](*args, tvm.runtime.tensor(m, dev), out)
+    got = out.numpy().astype(np.float64).transpose(0, 2, 1, 3)
+    ref = _reference(q, k, v, scale, np.broadcast_to(m, (b, h, s, s)))
+    assert np.isfinite(got).all()
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < 4e-3, err
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["padding_mask", "causal"])
+def test_torch_sdpa_export_is_fused(causal, tmp_path):
+    """torch.onnx.export of F.scaled_dot_product_attention (what HF BERT / GPT-2 export): Q, K,
+    V split from one projection, sqrt(scale) on Q and on K^T, an additive mask (a padding mask
+    scaled by finfo(float32).min, or the causal mask SDPA builds) -- one fused kernel, no
+    split, transpose or softmax kernel left."""
+    torch = pytest.importorskip("torch")
+    import amp_cli
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = torch.nn.Linear(64, 192), torch.nn.Linear(64, 64)
+
+        def forward(self, x, mask):
+            b, s, _ = x.shape
+            q, k, v = (t.view(b, s, 2, 32).transpose(1, 2) for t in self.qkv(x).split(64, -1))
+            if causal:
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                bias = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            return self.out(y.transpose(1, 2).reshape(b, s, 64))
+
+    torch.manual_seed(0)
+    mask = torch.ones(2, 64, dtype=torch.int64)
+    mask[1, 50:] = 0
+    path = tmp_path / "attention.onnx"
+    torch.onnx.export(Attention().eval(), (torch.randn(2, 64, 64), mask), str(path),
+                      dynamo=False, input_names=["x", "mask"], opset_version=17)
+    cfg = amp_cli.ConvertConfig(target="cuda:sm_90", check_accuracy=False)
+    conv = amp_cli.convert(amp_cli.load(path), cfg, isolate=False)
+    try:
+        rewrites = conv.build.graph_rewrites
+        assert (rewrites["attention_fused"], rewrites["attention_unfused"]) == (1, 0)
+        kernels = conv.build.kernels
+        assert not any(k.startswith(("split", "transpose", "softmax")) for k in kernels), kernels
+    finally:
+        conv.cleanup()

@@ -19,6 +19,12 @@ accurate as the unfused fp16 path (its scores are rounded to fp16 before the sof
 Operands are addressed through strides, so Q/K/V may be the [B, S, H, D] views a transformer
 writes before its head-split transposes (no transpose kernels) or [B, H, S, D] tensors; the
 head dimension must be innermost (16-byte vector loads).
+
+An additive mask (``Mask``: a padding mask [B, 1, 1, S], a causal [S, S] or [1, 1, S, S], any
+tensor that broadcasts to [B, H, S, S], fp16 or fp32) is added to the fp32 scores before the
+softmax, read through strides (0 along broadcast dims): softmax(Q K^T * scale + M *
+mask_scale). Masked positions (-inf, finfo.min, -1e9, the fp16 lowest) get probability 0; a
+row masked everywhere is 0/0, as in the unfused graph.
 """
 from __future__ import annotations
 
@@ -60,6 +66,35 @@ def packed(b: int, h: int, s: int, d: int, width: int, offset: int) -> Operand:
     return Operand((b, s, width), (s * width, d, width), offset)
 
 
+@dataclass(frozen=True)
+class Mask:
+    """An additive attention mask: a ``dtype`` tensor of ``shape`` read at element ``offset + b *
+    strides[0] + h * strides[1] + query * strides[2] + key * strides[3]`` (stride 0 along a
+    broadcast dim), added to the scaled scores times ``scale``."""
+    shape: tuple
+    dtype: str
+    strides: tuple   # (stride_b, stride_h, stride_query, stride_key)
+    offset: int = 0
+    scale: float = 1.0
+
+
+def broadcast_mask(shape, dtype: str, full: tuple, scale: float = 1.0) -> Mask | None:
+    """The Mask reading a contiguous ``shape`` tensor broadcast (right-aligned, numpy rules) to
+    ``full`` = (B, H, S, S), or None when it does not broadcast to it."""
+    shape = [int(x) for x in shape]
+    if len(shape) > 4:
+        return None
+    padded = [1] * (4 - len(shape)) + shape
+    strides, step = [0] * 4, 1
+    for i in reversed(range(4)):
+        if padded[i] == full[i]:
+            strides[i] = step if full[i] > 1 else 0
+        elif padded[i] != 1:
+            return None
+        step *= padded[i]
+    return Mask(tuple(shape), dtype, tuple(strides), 0, float(scale))
+
+
 def shared_bytes(seq: int, head_dim: int) -> int:
     """Shared memory one CTA needs (Q, K, V, scores, probabilities, output staging, partials)."""
     ld_h, ld_s, ld_p, ld_o = head_dim + PAD_H, seq + PAD_F, seq + PAD_H, head_dim + PAD_F
@@ -82,9 +117,10 @@ def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
 
 
 def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
-                   q: Operand, k: Operand, v: Operand, out: Operand):
+                   q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None = None):
     """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, fp16 in and
-    out, fp32 inside. Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
+    out, fp32 inside; with ``mask``, ``(q, k, v, mask, out)`` and softmax(q k^T * scale +
+    mask * mask.scale). Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
     tvm_compat.tvm()  # a clear error when TVM is missing
     T = tvm_compat.tvmscript_tir()
 
@@ -102,6 +138,10 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         q.strides, k.strides, v.strides, out.strides)
     q_off, k_off, v_off, o_off = q.offset, k.offset, v.offset, out.offset
     NQ, NK, NV, NO = (math.prod(x.shape) for x in (q, k, v, out))
+    MASKED = mask is not None
+    if MASKED:
+        (mb, mh, mq, mk), m_off, NM = mask.strides, mask.offset, math.prod(mask.shape)
+        mscale = float(mask.scale)
 
     @T.macro
     def load_rows(dst, src, base, row_stride, vecs, tid):
@@ -115,15 +155,9 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
                         base + (it * THREADS + tid) // (D // VEC) * row_stride
                         + (it * THREADS + tid) % (D // VEC) * VEC + l]
 
-    @T.prim_func(private=True, s_tir=True)
-    def attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
-                  v_in: T.Buffer(v.shape, "float16"), o_out: T.Buffer(out.shape, "float16")):
-        T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
-                     ir_attrs.KERNEL_NAME: "attention"})
-        qf = T.decl_buffer((NQ,), "float16", data=q_in.data)
-        kf = T.decl_buffer((NK,), "float16", data=k_in.data)
-        vf = T.decl_buffer((NV,), "float16", data=v_in.data)
-        of = T.decl_buffer((NO,), "float16", data=o_out.data)
+    @T.macro
+    def body(qf, kf, vf, of, mf):
+        """The kernel over flat views of its buffers (``mf``: the mask's, when MASKED)."""
         bx = T.launch_thread("blockIdx.x", B * H * NQB)
         ty = T.launch_thread("threadIdx.y", WARPS)
         tx = T.launch_thread("threadIdx.x", 32)
@@ -177,6 +211,11 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         # registers; P = exp(s - max) unnormalized (<= 1, fp16), 1/sum applied to the output
         for c in T.unroll(HALF):
             row[c] = s_sh[(ty * FRAG + tx // 2) * LDS + tx % 2 * HALF + c] * T.float32(scale)
+        if MASKED:  # a Python bool: the unmasked kernel has no trace of this
+            for c in T.unroll(HALF):
+                row[c] = row[c] + T.Cast("float32", mf[
+                    m_off + b * mb + h * mh + (q0 + ty * FRAG + tx // 2) * mq
+                    + (tx % 2 * HALF + c) * mk]) * T.float32(mscale)
         row_max[0] = T.float32(-3.0e38)
         for c in T.unroll(HALF):
             row_max[0] = T.max(row_max[0], row[c])
@@ -218,4 +257,32 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
                         / (red[THREADS + (it * THREADS + tid) // (D // VEC) * 2]
                            + red[THREADS + (it * THREADS + tid) // (D // VEC) * 2 + 1]))
 
-    return attention
+    if not MASKED:
+        @T.prim_func(private=True, s_tir=True)
+        def attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
+                      v_in: T.Buffer(v.shape, "float16"), o_out: T.Buffer(out.shape, "float16")):
+            T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
+                         ir_attrs.KERNEL_NAME: "attention"})
+            qf = T.decl_buffer((NQ,), "float16", data=q_in.data)
+            kf = T.decl_buffer((NK,), "float16", data=k_in.data)
+            vf = T.decl_buffer((NV,), "float16", data=v_in.data)
+            of = T.decl_buffer((NO,), "float16", data=o_out.data)
+            body(qf, kf, vf, of, None)
+
+        return attention
+
+    @T.prim_func(private=True, s_tir=True)
+    def masked_attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
+                         v_in: T.Buffer(v.shape, "float16"),
+                         m_in: T.Buffer(mask.shape, mask.dtype),
+                         o_out: T.Buffer(out.shape, "float16")):
+        T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
+                     ir_attrs.KERNEL_NAME: "masked_attention"})
+        qf = T.decl_buffer((NQ,), "float16", data=q_in.data)
+        kf = T.decl_buffer((NK,), "float16", data=k_in.data)
+        vf = T.decl_buffer((NV,), "float16", data=v_in.data)
+        mf = T.decl_buffer((NM,), mask.dtype, data=m_in.data)
+        of = T.decl_buffer((NO,), "float16", data=o_out.data)
+        body(qf, kf, vf, of, mf)
+
+    return masked_attention

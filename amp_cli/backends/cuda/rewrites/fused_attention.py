@@ -2,19 +2,23 @@
 
 Finds, in a precision-converted Relax module, the attention core a transformer exports:
 
-    P = softmax(cast(Q @ K^T) * scale, axis=-1)       (casts between fp16 and fp32 anywhere)
+    P = softmax(cast(Q @ K^T) * scale [+ M], axis=-1)   (casts between fp16 and fp32 anywhere)
     O = cast(P @ V, fp16)
 
-with fp16 Q [B, H, S, D], K^T [B, H, D, S], V [B, H, S, D], a positive scalar scale (or none)
-and no mask, and replaces O by one call of attention_kernel's fused kernel. The operands are
-traced through their head-split transposes: Q = permute(q, [0, 2, 1, 3]) of a [B, S, H, D]
-tensor is read in place (strided), and so are K^T = permute(k, [0, 2, 3, 1]) and V, so the
-transpose kernels disappear too. An output transposed back (``permute(O, [0, 2, 1, 3])``, before
-the merge of the heads) is written in that layout directly.
+with fp16 Q [B, H, S, D], K^T [B, H, D, S], V [B, H, S, D], positive scalar scales anywhere on
+the way (on the scores, or ``sqrt(scale)`` on Q and on K as the HF/SDPA exports write it) and
+an optional additive mask M that broadcasts to [B, H, S, S] (padding [B, 1, 1, S], causal [S, S]
+or [1, 1, S, S], fp16 or fp32, computed or constant), and replaces O by one call of
+attention_kernel's fused kernel. The operands are read in place through their layout chains
+(``strided_view``: the head-split transposes, the dynamo exporter's reshape/transpose K^T,
+slices of a combined QKV projection), so the transpose kernels disappear too. An output
+transposed back (``permute(O, [0, 2, 1, 3])``, before the merge of the heads) is written in that
+layout directly.
 
-The kernel keeps the scores in fp32 from the GEMM through the softmax; the unfused fp16 graph
-rounds them to fp16 once or twice on the way. Shapes the kernel does not serve (sequence not a
-multiple of 64, more shared memory than the GPU has) keep the unfused path.
+The kernel keeps the scores in fp32 from the GEMM through the mask and the softmax; the unfused
+fp16 graph rounds them to fp16 once or twice on the way. Shapes the kernel does not serve
+(sequence not a multiple of 64, more shared memory than the GPU has, a mask that does not
+broadcast) keep the unfused path and are counted.
 """
 from __future__ import annotations
 
@@ -24,19 +28,11 @@ from ..kernels import attention as ak
 from ..registry import register
 from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
 from .matmul_nt import permutation
+from .strided_view import bound as _bound
+from .strided_view import positive_scale, views
 
 FLOATS = ("float16", "float32")
 HEADS_FIRST = [0, 2, 1, 3]      # [B, S, H, D] <-> [B, H, S, D]
-KEYS_TRANSPOSED = [0, 2, 3, 1]  # [B, S, H, D] -> [B, H, D, S]
-LAST_TWO = [0, 1, 3, 2]
-
-
-def _bound(expr, lookup):
-    """The call ``expr`` is (or is bound to), else None."""
-    relax = tvm_compat.relax()
-    if isinstance(expr, relax.Var):
-        expr = lookup(expr)
-    return expr if isinstance(expr, relax.Call) else None
 
 
 def _through_casts(expr, lookup):
@@ -49,30 +45,46 @@ def _through_casts(expr, lookup):
         expr = call.args[0]
 
 
-def _scalar(expr) -> float | None:
-    if not isinstance(expr, tvm_compat.tvm().ir.expr.Constant):
-        return None
-    value = expr.value.numpy()
-    return float(value.reshape(-1)[0]) if value.size == 1 else None
-
-
-def _scaled_scores(expr, lookup):
-    """(the Q @ K^T matmul call, scale) behind a softmax input, else None."""
-    expr = _through_casts(expr, lookup)
-    scale = 1.0
-    call = _bound(expr, lookup)
-    if call is not None and op_name(call) in ("relax.multiply", "relax.divide"):
-        a, b = call.args
-        c, scores = _scalar(b), a
-        if c is None and op_name(call) == "relax.multiply":   # c * scores
-            c, scores = _scalar(a), b
-        if c is None or c <= 0:
+def _scores(expr, lookup):
+    """(the Q @ K^T matmul call, scale, mask tensor or None, mask scale) behind a softmax input:
+    casts, positive scalar factors and at most one additive mask between them, else None."""
+    factor, mask, mask_factor = 1.0, None, 1.0
+    for _ in range(16):
+        expr = _through_casts(expr, lookup)
+        call = _bound(expr, lookup)
+        if call is None:
             return None
-        scale = 1.0 / c if op_name(call) == "relax.divide" else c
-        call = _bound(_through_casts(scores, lookup), lookup)
-    if call is None or op_name(call) != "relax.matmul":
-        return None
-    return call, scale
+        if op_name(call) == "relax.matmul":
+            return call, factor, mask, mask_factor
+        scaled = positive_scale(call)
+        if scaled is not None:
+            expr, factor = scaled[0], factor * scaled[1]
+            continue
+        if op_name(call) != "relax.add" or mask is not None:
+            return None
+        a, b = call.args  # the side that leads to the matmul is the scores
+        side = _reaches_matmul(a, lookup)
+        if side == _reaches_matmul(b, lookup):
+            return None
+        expr, mask = (a, b) if side else (b, a)
+        mask = _through_casts(mask, lookup)  # an fp32 mask is read as fp32 (no cast kernel)
+        mask_factor = factor
+    return None
+
+
+def _reaches_matmul(expr, lookup) -> bool:
+    for _ in range(8):
+        expr = _through_casts(expr, lookup)
+        call = _bound(expr, lookup)
+        if call is None:
+            return False
+        if op_name(call) == "relax.matmul":
+            return True
+        scaled = positive_scale(call)
+        if scaled is None:
+            return False
+        expr = scaled[0]
+    return False
 
 
 def _permutation(expr, lookup) -> tuple:
@@ -83,48 +95,41 @@ def _permutation(expr, lookup) -> tuple:
     return (call.args[0], axes) if axes is not None else (expr, None)
 
 
-def _ints(tup) -> list | None:
-    """The integers of a Relax tuple of PrimValues (strided_slice's axes/begin/end)."""
-    try:
-        return [int(getattr(f, "value", f)) for f in tup.fields]
-    except (AttributeError, TypeError):
-        return None
-
-
-def _heads_view(src, lookup, dims):
-    """(tensor, Operand) for a [B, S, H, D] tensor ``src``; when it is the head split
-    ``reshape(strided_slice(t, last axis, [o, o + H*D]), [B, S, H, D])`` of a [B, S, W] tensor
-    (combine_gemm's Q/K/V slices), the slice is read in place from ``t``."""
+def _operand(expr, lookup, dims, transposed: bool, scalable: bool = True):
+    """(tensor, Operand, factor) reading the [B, H, S, D] operand ``expr`` (or [B, H, D, S] when
+    ``transposed``) in place from the deepest tensor its layout chain allows, with D innermost
+    and 16-byte aligned rows; None when no such tensor exists. ``factor``: the scalar factors
+    read through (``scalable=False``: none, for V)."""
     b, h, s, d = dims
-    split = _bound(src, lookup)
-    sliced = _bound(split.args[0], lookup) if (
-        split is not None and op_name(split) == "relax.reshape") else None
-    if sliced is not None and op_name(sliced) == "relax.strided_slice":
-        t = sliced.args[0]
-        shape = static_shape(t)
-        axes, begin, end = (_ints(x) for x in sliced.args[1:4])
-        strides = _ints(sliced.args[4]) if len(sliced.args) > 4 else [1]
-        if (shape is not None and len(shape) == 3 and shape[:2] == [b, s]
-                and axes in ([2], [-1]) and strides == [1] and len(begin) == 1
-                and end[0] - begin[0] == h * d and begin[0] % ak.VEC == 0):
-            return t, ak.packed(b, h, s, d, shape[2], begin[0])
-    return src, ak.bshd(b, h, s, d)
+    for view in views(expr, lookup):
+        if view.source.ty.dtype != "float16" or (not scalable and view.factor != 1.0):
+            continue
+        if transposed:
+            if list(view.shape) != [b, h, d, s]:
+                continue
+            sb, sh, sd, ss = view.strides
+        else:
+            if list(view.shape) != [b, h, s, d]:
+                continue
+            sb, sh, ss, sd = view.strides
+        if sd != 1 or any(x % ak.VEC for x in (sb, sh, ss, view.offset)):
+            continue
+        shape = tuple(int(x) for x in static_shape(view.source))
+        return view.source, ak.Operand(shape, (sb, sh, ss), view.offset), view.factor
+    return None
 
 
-def _operand(expr, lookup, dims, transposed: bool):
-    """(tensor, Operand) addressing a [B, H, S, D] operand (or [B, H, D, S] when ``transposed``)
-    in place, or None when D would not be innermost."""
-    b, h, s, d = dims
-    src, axes = _permutation(expr, lookup)
-    if transposed:
-        if axes == KEYS_TRANSPOSED and static_shape(src) == [b, s, h, d]:
-            return _heads_view(src, lookup, dims)
-        if axes == LAST_TWO and static_shape(src) == [b, h, s, d]:
-            return src, ak.bhsd(b, h, s, d)
-        return None
-    if axes == HEADS_FIRST and static_shape(src) == [b, s, h, d]:
-        return _heads_view(src, lookup, dims)
-    return expr, ak.bhsd(b, h, s, d)
+def _mask(mask, dims, mask_factor):
+    """The kernel's Mask for the additive mask tensor ``mask``, else (None, why)."""
+    b, h, s, _ = dims
+    shape = static_shape(mask)
+    dtype = mask.ty.dtype
+    if shape is None or dtype not in FLOATS:
+        return None, "the attention mask is not a static-shape fp16/fp32 tensor"
+    m = ak.broadcast_mask(shape, dtype, (b, h, s, s), mask_factor)
+    if m is None:
+        return None, f"the attention mask {shape} does not broadcast to {[b, h, s, s]}"
+    return m, None
 
 
 def match(call, lookup, smem_limit_kib: int):
@@ -142,10 +147,10 @@ def match(call, lookup, smem_limit_kib: int):
     soft = _bound(_through_casts(p, lookup), lookup)
     if soft is None or op_name(soft) != "relax.nn.softmax" or int(soft.attrs.axis) not in (-1, 3):
         return None
-    found = _scaled_scores(soft.args[0], lookup)
+    found = _scores(soft.args[0], lookup)
     if found is None:
         return None
-    qk, scale = found
+    qk, scale, mask, mask_factor = found
     q, kt = qk.args
     shapes = [static_shape(x) for x in (q, kt, v)]
     if any(s is None or len(s) != 4 for s in shapes) or p.ty.dtype != "float16":
@@ -158,12 +163,20 @@ def match(call, lookup, smem_limit_kib: int):
     why = ak.supported(s, d, smem_limit_kib)
     if why is not None:
         return None, why
-    ops = [_operand(q, lookup, (b, h, s, d), False), _operand(kt, lookup, (b, h, s, d), True),
-           _operand(v, lookup, (b, h, s, d), False)]
+    dims = (b, h, s, d)
+    kmask = None
+    if mask is not None:
+        kmask, why = _mask(mask, dims, mask_factor)
+        if why is not None:
+            return None, why
+    ops = [_operand(q, lookup, dims, False), _operand(kt, lookup, dims, True),
+           _operand(v, lookup, dims, False, scalable=False)]
     if any(o is None for o in ops):
         return None, "K^T is not a transpose of a tensor with the head dim innermost"
-    params = {"dims": (b, h, s, d), "scale": scale, "operands": tuple(o[1] for o in ops)}
-    return [o[0] for o in ops], params
+    scale *= ops[0][2] * ops[1][2]  # sqrt(scale) on Q and on K (HF / SDPA exports)
+    params = {"dims": dims, "scale": scale, "operands": tuple(o[1] for o in ops),
+              "mask": kmask}
+    return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
 def fuse_attention(mod, sm: int):
@@ -178,9 +191,10 @@ def fuse_attention(mod, sm: int):
 
     def emit(bb, tensors, params, out: ak.Operand):
         b, h, s, d = params["dims"]
-        key = (params["dims"], params["scale"], params["operands"], out)
+        key = (params["dims"], params["scale"], params["operands"], params["mask"], out)
         if key not in funcs:
-            func = ak.attention_func(b, h, s, d, params["scale"], *params["operands"], out)
+            func = ak.attention_func(b, h, s, d, params["scale"], *params["operands"], out,
+                                     params["mask"])
             funcs[key] = bb.add_func(func, "amp_attention")
             made[funcs[key].name_hint] = params
         return relax.call_tir(funcs[key], relax.Tuple(list(tensors)),
@@ -224,6 +238,6 @@ def fuse_attention_pass(sm: int, stats: dict | None = None):
 
 @register("fused_attention", "graph", 40, switch="fused_attention",
           labels={"attention_fused": "attention cores fused into one kernel",
-                  "attention_unfused": "attention cores left unfused (shape)"})
+                  "attention_unfused": "attention cores left unfused (shape, mask)"})
 def make_pass(ctx):
     return fuse_attention_pass(ctx.sm, ctx.stats) if ctx.sm >= 80 else None  # wmma + cp.async
