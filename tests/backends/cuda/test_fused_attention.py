@@ -18,15 +18,15 @@ relax = tvm.relax
 
 
 def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=None, kt_input=False,
-                      split_scale=False, dynamo_kt=False):
+                      split_scale=False, dynamo_kt=False, f16="float16"):
     """The attention core as the ONNX importer + fp16 conversion write it: head-split transposes
     of [B, S, H, D] inputs, fp32 scores cast to fp16, scaled, softmax in fp32, PV in fp32 and
     the output transposed back. ``mask``: the shape (and dtype, default fp16) of an additive
     mask added before the softmax, a function input; ``kt_input``: K^T is a function input
     (materialized, D not innermost: not fused); ``split_scale``: sqrt(scale) multiplies Q and
     K^T instead of the scores (HF / SDPA exports); ``dynamo_kt``: K^T as the dynamo exporter
-    writes it (reshape to [B*H, S, D], transpose, reshape to [B, H, D, S])."""
-    f16 = "float16"
+    writes it (reshape to [B*H, S, D], transpose, reshape to [B, H, D, S]). ``f16``: the
+    low-precision type (the bf16 conversion writes the same graph in bfloat16)."""
     q = relax.Var("q", relax.TensorType((b, s, h, d), f16))
     k = relax.Var("k", relax.TensorType((b, h, d, s) if kt_input else (b, s, h, d), f16))
     v = relax.Var("v", relax.TensorType((b, s, h, d), f16))
@@ -130,6 +130,17 @@ def test_masked_attention_is_fused_reading_the_mask_through_strides(mask, stride
     assert len(func.params) == 5
 
 
+def test_bf16_attention_is_fused_with_a_bf16_kernel():
+    for mask in (None, (2, 1, 1, 64)):
+        new, fused, declined = fuse_attention(_attention_module(mask=mask, f16="bfloat16"), 90)
+        assert (fused, declined) == (1, {})
+        call = _kernel_call(new)[0]
+        assert call.ty.dtype == "bfloat16"
+        func = new[call.args[0]]
+        script = func.script()
+        assert '"bfloat16"' in script and '"float16"' not in script
+
+
 def test_split_scale_and_dynamo_keys_are_read_in_place():
     """sqrt(scale) on Q and on K^T (HF exports) folds into the kernel's scale; the dynamo
     exporter's K^T (reshape / transpose / reshape) is read from the [B, S, H, D] tensor."""
@@ -181,8 +192,9 @@ def test_shared_memory_bound_and_supported_shapes():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("masked", [False, True])
-def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, tmp_path):
+@pytest.mark.parametrize("masked,dtype", [(False, "float16"), (True, "float16"),
+                                          (True, "bfloat16")])
+def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype, tmp_path):
     import shutil
     import subprocess
 
@@ -191,12 +203,13 @@ def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, tmp_p
     b, h, s, d = 2, 4, 128, 64
     mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
     func = ak.attention_func(b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
-                             ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask)
+                             ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask, dtype)
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     src = lib.mod.imports[0].inspect_source()
     assert src.count("wmma::mma_sync") == 2      # QK^T and PV
+    assert ("nv_bfloat16, nvcuda::wmma::row_major" in src) == (dtype == "bfloat16")
     # TVM's barrier planner puts a __syncthreads into every iteration of a loop that reads
     # and writes shared memory; the kernel is written so that none lands in a loop (9 in all:
     # loads, score store, two row exchanges, probabilities, output staging)
@@ -269,7 +282,8 @@ def _mask_values(kind, b, h, s, dtype, rng):
 @pytest.mark.parametrize("kind,dtype", [("padding", "float32"), ("padding", "float16"),
                                         ("causal", "float16"), ("bias", "float32")])
 @pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32)])
-def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d):
+@pytest.mark.parametrize("io", ["float16", "bfloat16"])
+def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     dev = tvm.cuda(0)
@@ -280,22 +294,46 @@ def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d):
     mask = ak.broadcast_mask(m.shape, dtype, (b, h, s, s))
     opnd = ak.bshd(b, h, s, d)
     scale = 1 / np.sqrt(d)
-    func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask)
+    func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask,
+                             io)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
-    q, k, v = (rng.uniform(-2, 2, (b, h, s, d)).astype("float16") for _ in range(3))
-    out = tvm.runtime.tensor(np.zeros((b, s, h, d), "float16"), dev)
-    args = [tvm.runtime.tensor(x.transpose(0, 2, 1, 3).copy(), dev) for x in (q, k, v)]
+    # values exact in bf16 and fp16 alike (multiples of 1/64 in [-2, 2]): one reference
+    q, k, v = (np.round(rng.uniform(-2, 2, (b, h, s, d)) * 64) / 64 for _ in range(3))
+    dev_t = _device_tensor(io, dev)
+    out = dev_t(np.zeros((b, s, h, d)))
+    args = [dev_t(x.transpose(0, 2, 1, 3).copy()) for x in (q, k, v)]
     lib["attention"](*args, tvm.runtime.tensor(m, dev), out)
-    got = out.numpy().astype(np.float64).transpose(0, 2, 1, 3)
+    got = _host(out, io).transpose(0, 2, 1, 3)
     ref = _reference(q, k, v, scale, np.broadcast_to(m, (b, h, s, s)))
     assert np.isfinite(got).all()
     err = np.abs(got - ref).max() / np.abs(ref).max()
-    assert err < 4e-3, err
+    # fp16 probabilities/output: 2^-11 relative each; bf16: 2^-8
+    assert err < (4e-3 if io == "float16" else 2.5e-2), err
 
 
+def _device_tensor(io, dev):
+    """float64 numpy -> a device tensor of ``io`` (bf16 through its uint16 bit pattern)."""
+    def make(x):
+        if io == "float16":
+            return tvm.runtime.tensor(np.asarray(x, "float16"), dev)
+        bits = (np.asarray(x, "float32").view("uint32") + 0x8000) >> 16  # round to nearest
+        t = tvm.runtime.empty(x.shape, "bfloat16", dev)
+        t.copyfrom(bits.astype("uint16"))
+        return t
+    return make
+
+
+def _host(t, io):
+    if io == "float16":
+        return t.numpy().astype(np.float64)
+    bits = t.numpy().view("uint16").astype("uint32") << 16
+    return bits.view("float32").astype(np.float64)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["padding_mask", "causal"])
-def test_torch_sdpa_export_is_fused(causal, tmp_path):
+def test_torch_sdpa_export_is_fused(causal, precision, tmp_path):
     """torch.onnx.export of F.scaled_dot_product_attention (what HF BERT / GPT-2 export): Q, K,
     V split from one projection, sqrt(scale) on Q and on K^T, an additive mask (a padding mask
     scaled by finfo(float32).min, or the causal mask SDPA builds) -- one fused kernel, no
@@ -325,6 +363,7 @@ def test_torch_sdpa_export_is_fused(causal, tmp_path):
     torch.onnx.export(Attention().eval(), (torch.randn(2, 64, 64), mask), str(path),
                       dynamo=False, input_names=["x", "mask"], opset_version=17)
     cfg = amp_cli.ConvertConfig(target="cuda:sm_90", check_accuracy=False)
+    cfg.precision.precision = precision
     conv = amp_cli.convert(amp_cli.load(path), cfg, isolate=False)
     try:
         rewrites = conv.build.graph_rewrites

@@ -37,7 +37,8 @@ from .... import ir_attrs
 FRAG = 16
 WARPS = 4
 BLOCK_Q = FRAG * WARPS   # query rows per CTA (16 per warp)
-VEC = 8                  # fp16 lanes per 16-byte vector
+VEC = 8                  # fp16 / bf16 lanes per 16-byte vector
+DTYPES = ("float16", "bfloat16")  # wmma 16x16x16 with fp32 accumulators: sm_80+ for bf16
 PAD_H = 8                # fp16 row padding in shared memory (bank spread, keeps 16-byte rows)
 PAD_F = 4                # fp32 row padding
 MAX_SEQ = 256            # each lane holds half a score row in registers (128 floats at most)
@@ -117,10 +118,15 @@ def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
 
 
 def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
-                   q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None = None):
-    """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, fp16 in and
-    out, fp32 inside; with ``mask``, ``(q, k, v, mask, out)`` and softmax(q k^T * scale +
-    mask * mask.scale). Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
+                   q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None = None,
+                   dtype: str = "float16"):
+    """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, ``dtype``
+    (float16 or bfloat16) in and out, fp32 inside; with ``mask``, ``(q, k, v, mask, out)`` and
+    softmax(q k^T * scale + mask * mask.scale). Shapes as in the operands; scheduled already
+    (``tirx.is_scheduled``)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"attention kernel dtype {dtype!r}: not one of {DTYPES}")
+    DT = dtype
     tvm_compat.tvm()  # a clear error when TVM is missing
     T = tvm_compat.tvmscript_tir()
 
@@ -161,18 +167,18 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         bx = T.launch_thread("blockIdx.x", B * H * NQB)
         ty = T.launch_thread("threadIdx.y", WARPS)
         tx = T.launch_thread("threadIdx.x", 32)
-        q_sh = T.decl_buffer((BLOCK_Q * LDH,), "float16", scope="shared.dyn")
-        k_sh = T.decl_buffer((S * LDH,), "float16", scope="shared.dyn")
-        v_sh = T.decl_buffer((S * LDH,), "float16", scope="shared.dyn")
+        q_sh = T.decl_buffer((BLOCK_Q * LDH,), DT, scope="shared.dyn")
+        k_sh = T.decl_buffer((S * LDH,), DT, scope="shared.dyn")
+        v_sh = T.decl_buffer((S * LDH,), DT, scope="shared.dyn")
         s_sh = T.decl_buffer((BLOCK_Q * LDS,), "float32", scope="shared.dyn")
-        p_sh = T.decl_buffer((BLOCK_Q * LDP,), "float16", scope="shared.dyn")
+        p_sh = T.decl_buffer((BLOCK_Q * LDP,), DT, scope="shared.dyn")
         o_sh = T.decl_buffer((BLOCK_Q * LDO,), "float32", scope="shared.dyn")
         red = T.decl_buffer((2 * THREADS,), "float32", scope="shared.dyn")
-        a_frag = T.decl_buffer((DF * 256,), "float16", scope="wmma.matrix_a")
-        b_frag = T.decl_buffer((256,), "float16", scope="wmma.matrix_b")
+        a_frag = T.decl_buffer((DF * 256,), DT, scope="wmma.matrix_a")
+        b_frag = T.decl_buffer((256,), DT, scope="wmma.matrix_b")
         c_frag = T.decl_buffer((CHUNK * 256,), "float32", scope="wmma.accumulator")
-        p_frag = T.decl_buffer((256,), "float16", scope="wmma.matrix_a")
-        v_frag = T.decl_buffer((256,), "float16", scope="wmma.matrix_b")
+        p_frag = T.decl_buffer((256,), DT, scope="wmma.matrix_a")
+        v_frag = T.decl_buffer((256,), DT, scope="wmma.matrix_b")
         o_frag = T.decl_buffer((DF * 256,), "float32", scope="wmma.accumulator")
         row = T.decl_buffer((HALF,), "float32", scope="local")
         row_max = T.decl_buffer((1,), "float32", scope="local")
@@ -190,14 +196,14 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         # CHUNK fragments accumulate before they are stored, so the loop only reads shared
         for kk in T.serial(DF):
             T.tvm_load_matrix_sync(a_frag.data, 16, 16, 16, kk, T.tvm_access_ptr(
-                T.type_annotation("float16"), q_sh.data, ty * FRAG * LDH + kk * FRAG,
+                T.type_annotation(DT), q_sh.data, ty * FRAG * LDH + kk * FRAG,
                 FRAG * LDH, 1), LDH, "row_major")
         for jo in T.serial(SF // CHUNK):
             for j in T.serial(CHUNK):
                 T.tvm_fill_fragment(c_frag.data, 16, 16, 16, j, T.float32(0))
                 for kk in T.serial(DF):
                     T.tvm_load_matrix_sync(b_frag.data, 16, 16, 16, 0, T.tvm_access_ptr(
-                        T.type_annotation("float16"), k_sh.data,
+                        T.type_annotation(DT), k_sh.data,
                         (jo * CHUNK + j) * FRAG * LDH + kk * FRAG, FRAG * LDH, 1), LDH,
                         "col_major")
                     T.tvm_mma_sync(c_frag.data, j, a_frag.data, kk, b_frag.data, 0,
@@ -227,7 +233,7 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
             row[c] = T.exp(row[c] - row_max[0])
             row_sum[0] = row_sum[0] + row[c]
         for c in T.unroll(HALF):
-            p_sh[(ty * FRAG + tx // 2) * LDP + tx % 2 * HALF + c] = T.Cast("float16", row[c])
+            p_sh[(ty * FRAG + tx // 2) * LDP + tx % 2 * HALF + c] = T.Cast(DT, row[c])
         red[THREADS + tid] = row_sum[0]
         T.tvm_storage_sync("shared")
         # 4. out_w = P_w V on tensor cores
@@ -235,11 +241,11 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
             T.tvm_fill_fragment(o_frag.data, 16, 16, 16, n, T.float32(0))
         for kk in T.serial(SF):
             T.tvm_load_matrix_sync(p_frag.data, 16, 16, 16, 0, T.tvm_access_ptr(
-                T.type_annotation("float16"), p_sh.data, ty * FRAG * LDP + kk * FRAG,
+                T.type_annotation(DT), p_sh.data, ty * FRAG * LDP + kk * FRAG,
                 FRAG * LDP, 1), LDP, "row_major")
             for n in T.serial(DF):
                 T.tvm_load_matrix_sync(v_frag.data, 16, 16, 16, 0, T.tvm_access_ptr(
-                    T.type_annotation("float16"), v_sh.data, kk * FRAG * LDH + n * FRAG,
+                    T.type_annotation(DT), v_sh.data, kk * FRAG * LDH + n * FRAG,
                     FRAG * LDH, 1), LDH, "row_major")
                 T.tvm_mma_sync(o_frag.data, n, p_frag.data, 0, v_frag.data, 0, o_frag.data, n)
         for n in T.serial(DF):
@@ -252,37 +258,37 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
                 for l in T.vectorized(VEC):
                     of[o_off + b * ob + h * oh + (q0 + (it * THREADS + tid) // (D // VEC)) * os_
                        + (it * THREADS + tid) % (D // VEC) * VEC + l] = T.Cast(
-                        "float16", o_sh[(it * THREADS + tid) // (D // VEC) * LDO
+                        DT, o_sh[(it * THREADS + tid) // (D // VEC) * LDO
                                         + (it * THREADS + tid) % (D // VEC) * VEC + l]
                         / (red[THREADS + (it * THREADS + tid) // (D // VEC) * 2]
                            + red[THREADS + (it * THREADS + tid) // (D // VEC) * 2 + 1]))
 
     if not MASKED:
         @T.prim_func(private=True, s_tir=True)
-        def attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
-                      v_in: T.Buffer(v.shape, "float16"), o_out: T.Buffer(out.shape, "float16")):
+        def attention(q_in: T.Buffer(q.shape, DT), k_in: T.Buffer(k.shape, DT),
+                      v_in: T.Buffer(v.shape, DT), o_out: T.Buffer(out.shape, DT)):
             T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
                          ir_attrs.KERNEL_NAME: "attention"})
-            qf = T.decl_buffer((NQ,), "float16", data=q_in.data)
-            kf = T.decl_buffer((NK,), "float16", data=k_in.data)
-            vf = T.decl_buffer((NV,), "float16", data=v_in.data)
-            of = T.decl_buffer((NO,), "float16", data=o_out.data)
+            qf = T.decl_buffer((NQ,), DT, data=q_in.data)
+            kf = T.decl_buffer((NK,), DT, data=k_in.data)
+            vf = T.decl_buffer((NV,), DT, data=v_in.data)
+            of = T.decl_buffer((NO,), DT, data=o_out.data)
             body(qf, kf, vf, of, None)
 
         return attention
 
     @T.prim_func(private=True, s_tir=True)
-    def masked_attention(q_in: T.Buffer(q.shape, "float16"), k_in: T.Buffer(k.shape, "float16"),
-                         v_in: T.Buffer(v.shape, "float16"),
+    def masked_attention(q_in: T.Buffer(q.shape, DT), k_in: T.Buffer(k.shape, DT),
+                         v_in: T.Buffer(v.shape, DT),
                          m_in: T.Buffer(mask.shape, mask.dtype),
-                         o_out: T.Buffer(out.shape, "float16")):
+                         o_out: T.Buffer(out.shape, DT)):
         T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
                      ir_attrs.KERNEL_NAME: "masked_attention"})
-        qf = T.decl_buffer((NQ,), "float16", data=q_in.data)
-        kf = T.decl_buffer((NK,), "float16", data=k_in.data)
-        vf = T.decl_buffer((NV,), "float16", data=v_in.data)
+        qf = T.decl_buffer((NQ,), DT, data=q_in.data)
+        kf = T.decl_buffer((NK,), DT, data=k_in.data)
+        vf = T.decl_buffer((NV,), DT, data=v_in.data)
         mf = T.decl_buffer((NM,), mask.dtype, data=m_in.data)
-        of = T.decl_buffer((NO,), "float16", data=o_out.data)
+        of = T.decl_buffer((NO,), DT, data=o_out.data)
         body(qf, kf, vf, of, mf)
 
     return masked_attention

@@ -2,10 +2,10 @@
 
 Finds, in a precision-converted Relax module, the attention core a transformer exports:
 
-    P = softmax(cast(Q @ K^T) * scale [+ M], axis=-1)   (casts between fp16 and fp32 anywhere)
-    O = cast(P @ V, fp16)
+    P = softmax(cast(Q @ K^T) * scale [+ M], axis=-1)   (float casts anywhere)
+    O = cast(P @ V, T)
 
-with fp16 Q [B, H, S, D], K^T [B, H, D, S], V [B, H, S, D], positive scalar scales anywhere on
+with Q [B, H, S, D], K^T [B, H, D, S], V [B, H, S, D] all of one type T (fp16 or bf16), positive scalar scales anywhere on
 the way (on the scores, or ``sqrt(scale)`` on Q and on K as the HF/SDPA exports write it) and
 an optional additive mask M that broadcasts to [B, H, S, S] (padding [B, 1, 1, S], causal [S, S]
 or [1, 1, S, S], fp16 or fp32, computed or constant), and replaces O by one call of
@@ -31,7 +31,7 @@ from .matmul_nt import permutation
 from .strided_view import bound as _bound
 from .strided_view import positive_scale, views
 
-FLOATS = ("float16", "float32")
+FLOATS = ("float16", "bfloat16", "float32")
 HEADS_FIRST = [0, 2, 1, 3]      # [B, S, H, D] <-> [B, H, S, D]
 
 
@@ -96,13 +96,14 @@ def _permutation(expr, lookup) -> tuple:
 
 
 def _operand(expr, lookup, dims, transposed: bool, scalable: bool = True):
+    dtype = expr.ty.dtype
     """(tensor, Operand, factor) reading the [B, H, S, D] operand ``expr`` (or [B, H, D, S] when
     ``transposed``) in place from the deepest tensor its layout chain allows, with D innermost
     and 16-byte aligned rows; None when no such tensor exists. ``factor``: the scalar factors
     read through (``scalable=False``: none, for V)."""
     b, h, s, d = dims
     for view in views(expr, lookup):
-        if view.source.ty.dtype != "float16" or (not scalable and view.factor != 1.0):
+        if view.source.ty.dtype != dtype or (not scalable and view.factor != 1.0):
             continue
         if transposed:
             if list(view.shape) != [b, h, d, s]:
@@ -135,9 +136,9 @@ def _mask(mask, dims, mask_factor):
 def match(call, lookup, smem_limit_kib: int):
     """(q, k, v tensors, params dict) when ``call`` ends an attention core this pass fuses,
     (None, reason) when it is one the kernel cannot serve, None when it is no attention."""
-    if op_name(call) == "relax.astype" and str(call.attrs.dtype) == "float16":
+    if op_name(call) == "relax.astype" and str(call.attrs.dtype) in ak.DTYPES:
         pv = _bound(call.args[0], lookup)
-    elif op_name(call) == "relax.matmul" and call.ty.dtype == "float16":
+    elif op_name(call) == "relax.matmul" and call.ty.dtype in ak.DTYPES:
         pv = call
     else:
         return None
@@ -153,12 +154,14 @@ def match(call, lookup, smem_limit_kib: int):
     qk, scale, mask, mask_factor = found
     q, kt = qk.args
     shapes = [static_shape(x) for x in (q, kt, v)]
-    if any(s is None or len(s) != 4 for s in shapes) or p.ty.dtype != "float16":
+    dtype = q.ty.dtype
+    if any(s is None or len(s) != 4 for s in shapes) or p.ty.dtype != dtype:
         return None
     (b, h, s, d), (_, _, d2, s2), vs = shapes
     if shapes[1][:2] != [b, h] or d2 != d or s2 != s or vs != [b, h, s, d]:
         return None
-    if any(x.ty.dtype != "float16" for x in (q, kt, v)):
+    if dtype not in ak.DTYPES or any(x.ty.dtype != dtype for x in (kt, v)) or \
+            (call.ty.dtype != dtype):
         return None
     why = ak.supported(s, d, smem_limit_kib)
     if why is not None:
@@ -175,7 +178,7 @@ def match(call, lookup, smem_limit_kib: int):
         return None, "K^T is not a transpose of a tensor with the head dim innermost"
     scale *= ops[0][2] * ops[1][2]  # sqrt(scale) on Q and on K (HF / SDPA exports)
     params = {"dims": dims, "scale": scale, "operands": tuple(o[1] for o in ops),
-              "mask": kmask}
+              "mask": kmask, "dtype": dtype}
     return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
@@ -191,14 +194,15 @@ def fuse_attention(mod, sm: int):
 
     def emit(bb, tensors, params, out: ak.Operand):
         b, h, s, d = params["dims"]
-        key = (params["dims"], params["scale"], params["operands"], params["mask"], out)
+        key = (params["dims"], params["scale"], params["operands"], params["mask"],
+               params["dtype"], out)
         if key not in funcs:
             func = ak.attention_func(b, h, s, d, params["scale"], *params["operands"], out,
-                                     params["mask"])
+                                     params["mask"], params["dtype"])
             funcs[key] = bb.add_func(func, "amp_attention")
             made[funcs[key].name_hint] = params
         return relax.call_tir(funcs[key], relax.Tuple(list(tensors)),
-                              out_ty=relax.TensorType(out.shape, "float16"))
+                              out_ty=relax.TensorType(out.shape, params["dtype"]))
 
     def rewrite(bb, call, lookup):
         # permute(attention, [0, 2, 1, 3]): write the [B, S, H, D] layout directly
