@@ -10,7 +10,6 @@ NVRTC library (amp's ``test`` extra) and the CUDA headers of a toolkit.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 pytest.importorskip("onnx")
 
+from fixtures.cuda_compile import compile_like_tvm  # noqa: E402
 from fixtures.hostile_names import hostile_model  # noqa: E402
 
 from amp_cli import tvm_compat  # noqa: E402
@@ -145,40 +145,12 @@ def test_names_that_collide_after_replacement_stay_apart():
     assert len(set(got)) == 3 and all(IDENTIFIER.fullmatch(p) for p in got), got
 
 
-def _cuda_root() -> str | None:
-    """A CUDA toolkit root with headers. TVM's NVRTC path looks at $CUDA_PATH, else two levels
-    above `which nvcc` -- wrong for a wrapper script such as CI's /usr/local/bin/nvcc."""
-    nvcc = find_nvcc()
-    candidates = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"),
-                  os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None,
-                  "/usr/local/cuda"]
-    for root in candidates:
-        if root and os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")):
-            return root
-    return None
-
-
 @pytest.mark.parametrize("mode", ["nvrtc", "nvcc"])
 def test_tvm_compile_callback_compiles_the_source(source, mode, monkeypatch):
     """The callback a GPU machine's TVM compiles with (``tvm_callback_cuda_compile``, in
     tvm/support/nvcc.py), in both of its modes, on this source: NVRTC gives a cubin, nvcc a
     fatbin."""
-    if mode == "nvrtc":
-        pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC needs cuda-bindings")
-    elif shutil.which("nvcc") is None:
-        pytest.skip("needs nvcc on PATH")
-    root = _cuda_root()
-    if root is None:
-        pytest.skip("needs the CUDA headers of a toolkit")
-    monkeypatch.setenv("CUDA_PATH", root)
-    monkeypatch.setenv("TVM_CUDA_COMPILE_MODE", mode)
-    compile_cuda = tvm.get_global_func("tvm_callback_cuda_compile")
-    with tvm.target.Target({"kind": "cuda", "arch": "sm_90"}):
-        try:
-            binary = bytes(compile_cuda(source[0]))
-        except Exception as exc:  # noqa: BLE001 - show the compiler's errors, not the wrapper's
-            errors = [ln for ln in str(exc).splitlines() if "error" in ln]
-            pytest.fail(f"{mode}: " + "\n".join(errors[:20] or [str(exc)[-2000:]]))
+    binary = compile_like_tvm(source[0], mode, "sm_90", monkeypatch)
     assert len(binary) > 1000
     if mode == "nvrtc":
         assert binary[:4] == b"\x7fELF"  # a cubin

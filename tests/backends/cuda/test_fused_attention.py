@@ -10,6 +10,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
+from fixtures.cuda_compile import compile_like_tvm  # noqa: E402
 from amp_cli.backends.cuda.kernels import attention as ak  # noqa: E402
 from amp_cli.backends.cuda.rewrites.fused_attention import fuse_attention  # noqa: E402
 from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
@@ -18,7 +19,7 @@ relax = tvm.relax
 
 
 def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=None, kt_input=False,
-                      split_scale=False, dynamo_kt=False, f16="float16"):
+                      split_scale=False, dynamo_kt=False, f16="float16", nan_guard=False):
     """The attention core as the ONNX importer + fp16 conversion write it: head-split transposes
     of [B, S, H, D] inputs, fp32 scores cast to fp16, scaled, softmax in fp32, PV in fp32 and
     the output transposed back. ``mask``: the shape (and dtype, default fp16) of an additive
@@ -26,7 +27,8 @@ def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=None, kt_input=Fal
     (materialized, D not innermost: not fused); ``split_scale``: sqrt(scale) multiplies Q and
     K^T instead of the scores (HF / SDPA exports); ``dynamo_kt``: K^T as the dynamo exporter
     writes it (reshape to [B*H, S, D], transpose, reshape to [B, H, D, S]). ``f16``: the
-    low-precision type (the bf16 conversion writes the same graph in bfloat16)."""
+    low-precision type (the bf16 conversion writes the same graph in bfloat16); ``nan_guard``:
+    ``where(isnan(P), 0, P)`` after the softmax (torch's SDPA export)."""
     q = relax.Var("q", relax.TensorType((b, s, h, d), f16))
     k = relax.Var("k", relax.TensorType((b, h, d, s) if kt_input else (b, s, h, d), f16))
     v = relax.Var("v", relax.TensorType((b, s, h, d), f16))
@@ -60,6 +62,8 @@ def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=None, kt_input=Fal
                 sc = bb.emit(relax.op.add(sc, m if m.ty.dtype == f16 else
                                           relax.op.astype(m, f16)))
             p = bb.emit(relax.op.nn.softmax(relax.op.astype(sc, "float32"), axis=-1))
+            if nan_guard:
+                p = bb.emit(relax.op.where(relax.op.isnan(p), relax.const(0.0, "float32"), p))
             o = bb.emit(relax.op.matmul(relax.op.astype(p, f16), vt, out_dtype="float32"))
             o = bb.emit(relax.op.permute_dims(relax.op.astype(o, f16), [0, 2, 1, 3]))
             gv = bb.emit_output(relax.op.reshape(o, (b, s, h * d)))
@@ -130,6 +134,23 @@ def test_masked_attention_is_fused_reading_the_mask_through_strides(mask, stride
     assert len(func.params) == 5
 
 
+def test_the_nan_guard_of_sdpa_exports_is_kept_inside_the_kernel(monkeypatch):
+    """where(isnan(P), 0, P): fused, and the kernel writes 0 for a row masked everywhere."""
+    made = []
+    real = ak.attention_func
+    monkeypatch.setattr(ak, "attention_func", lambda *a: made.append(a[-1]) or real(*a))
+    new, fused, declined = fuse_attention(
+        _attention_module(mask=(2, 1, 1, 64), nan_guard=True), 90)
+    assert (fused, declined) == (1, {})
+    assert not {"relax.where", "relax.isnan", "relax.nn.softmax"} & set(_ops(new))
+    assert made and all(made)          # nan_to_zero on
+    script = new[_kernel_call(new)[0].args[0]].script()
+    assert "T.isnan" in script
+    made.clear()
+    fuse_attention(_attention_module(mask=(2, 1, 1, 64)), 90)
+    assert made and not any(made)      # no guard in the graph: softmax's NaN kept
+
+
 def test_bf16_attention_is_fused_with_a_bf16_kernel():
     for mask in (None, (2, 1, 1, 64)):
         new, fused, declined = fuse_attention(_attention_module(mask=mask, f16="bfloat16"), 90)
@@ -172,14 +193,25 @@ def test_what_is_not_fused():
     assert ak.broadcast_mask((2, 2, 64, 64), "float16", full) is None
     assert ak.broadcast_mask((3, 1, 1, 1, 64), "float16", full) is None
     assert ak.broadcast_mask((64,), "float32", full).strides == (0, 0, 0, 1)
-    mod = _attention_module(s=48)          # sequence not a multiple of 64: counted, unfused
+    mod = _attention_module(s=320)         # sequence over 256: counted, unfused
     new, fused, declined = fuse_attention(mod, 90)
-    assert fused == 0 and list(declined) == ["sequence length 48 is not a multiple of 64"]
+    assert fused == 0 and list(declined) == ["sequence length 320 is over 256"]
     assert new.same_as(mod)
     _, fused, declined = fuse_attention(_attention_module(kt_input=True), 90)
     assert fused == 0 and "head dim innermost" in list(declined)[0]
     _, fused, declined = fuse_attention(_attention_module(b=1, h=1, s=512), 90)
     assert fused == 0 and list(declined) == ["sequence length 512 is over 256"]
+
+
+def test_sequences_between_blocks_are_padded_inside_the_kernel():
+    """S = 48, 197 (ViT-B/16 at 224 px), 77 (CLIP text): fused; the kernel pads to whole
+    64-row blocks (zero-filled K/V rows, their scores masked, their output rows not stored)."""
+    for s, mask in ((48, None), (197, None), (77, (77, 77))):
+        new, fused, declined = fuse_attention(_attention_module(s=s, mask=mask), 90)
+        assert (fused, declined) == (1, {}), s
+        call = _kernel_call(new)[0]
+        assert [int(x) for x in call.ty.shape.values][1] == s
+    assert ak.padded_seq(197) == 256 and ak.padded_seq(64) == 64 and ak.padded_seq(1) == 64
 
 
 def test_shared_memory_bound_and_supported_shapes():
@@ -192,15 +224,14 @@ def test_shared_memory_bound_and_supported_shapes():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("masked,dtype", [(False, "float16"), (True, "float16"),
-                                          (True, "bfloat16")])
-def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype, tmp_path):
-    import shutil
-    import subprocess
-
+@pytest.mark.parametrize("masked,dtype,s", [(False, "float16", 128), (True, "float16", 128),
+                                            (True, "bfloat16", 128), (False, "float16", 197),
+                                            (True, "bfloat16", 77)])
+def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype, s,
+                                                              monkeypatch):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
-    b, h, s, d = 2, 4, 128, 64
+    b, h, d = 2, 4, 64
     mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
     func = ak.attention_func(b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
                              ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask, dtype)
@@ -214,13 +245,11 @@ def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype
     # and writes shared memory; the kernel is written so that none lands in a loop (9 in all:
     # loads, score store, two row exchanges, probabilities, output staging)
     assert src.count("__syncthreads()") <= 10, src.count("__syncthreads()")
-    # the mask is read once per score (S/2 per lane), from the fp32 buffer, nowhere else
-    assert src.count("mf_ptr[") == (s // 2 if masked else 0)
-    if shutil.which("nvcc"):
-        (tmp_path / "a.cu").write_text(src)
-        out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-o", str(tmp_path / "a.cubin"),
-                              str(tmp_path / "a.cu")], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr[-2000:]
+    # the mask is read once per score (S/2 per lane of the padded row), nowhere else
+    assert src.count("mf_ptr[") == (ak.padded_seq(s) // 2 if masked else 0)
+    # what a GPU machine compiles it with: NVRTC (TVM's default there), and nvcc
+    for mode in ("nvrtc", "nvcc"):
+        assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
 
 
 def _reference(q, k, v, scale, mask=None):
@@ -237,7 +266,8 @@ def _reference(q, k, v, scale, mask=None):
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("b,h,s,d,layout", [(2, 3, 64, 64, "bshd"), (8, 16, 128, 64, "bshd"),
                                             (2, 2, 256, 64, "bhsd"), (1, 4, 192, 32, "bshd"),
-                                            (2, 4, 128, 32, "bhsd")])
+                                            (2, 4, 128, 32, "bhsd"), (2, 12, 197, 64, "bshd"),
+                                            (3, 2, 50, 32, "bhsd")])
 def test_kernel_matches_float64_on_gpu(b, h, s, d, layout):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
@@ -281,7 +311,7 @@ def _mask_values(kind, b, h, s, dtype, rng):
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,dtype", [("padding", "float32"), ("padding", "float16"),
                                         ("causal", "float16"), ("bias", "float32")])
-@pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32)])
+@pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32), (2, 2, 77, 64)])
 @pytest.mark.parametrize("io", ["float16", "bfloat16"])
 def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
@@ -372,3 +402,37 @@ def test_torch_sdpa_export_is_fused(causal, precision, tmp_path):
         assert not any(k.startswith(("split", "transpose", "softmax")) for k in kernels), kernels
     finally:
         conv.cleanup()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("nan_to_zero", [False, True])
+def test_rows_masked_everywhere_on_gpu(nan_to_zero):
+    """Batch 1's keys all -inf: softmax's NaN for its rows, or 0 with the SDPA guard; batch 0
+    unaffected; S = 77 exercises the padded block too."""
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+
+    b, h, s, d = 2, 2, 77, 64
+    dev = tvm.cuda(0)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(
+        ".", "")})
+    m = np.zeros((b, 1, 1, s), "float32")
+    m[1] = -np.inf
+    opnd = ak.bshd(b, h, s, d)
+    func = ak.attention_func(b, h, s, d, 0.125, opnd, opnd, opnd, opnd,
+                             ak.broadcast_mask(m.shape, "float32", (b, h, s, s)), "float16",
+                             nan_to_zero)
+    mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
+    lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.uniform(-2, 2, (b, h, s, d)).astype("float16") for _ in range(3))
+    out = tvm.runtime.tensor(np.zeros((b, s, h, d), "float16"), dev)
+    lib["attention"](*(tvm.runtime.tensor(x.transpose(0, 2, 1, 3).copy(), dev)
+                       for x in (q, k, v)), tvm.runtime.tensor(m, dev), out)
+    got = out.numpy().astype(np.float64).transpose(0, 2, 1, 3)
+    if nan_to_zero:
+        assert (got[1] == 0).all()
+    else:
+        assert np.isnan(got[1]).all()
+    ref = _reference(q[:1], k[:1], v[:1], 0.125)
+    assert np.abs(got[:1] - ref).max() / np.abs(ref).max() < 4e-3

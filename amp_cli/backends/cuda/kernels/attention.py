@@ -103,34 +103,44 @@ def shared_bytes(seq: int, head_dim: int) -> int:
             + 4 * (BLOCK_Q * ld_s + BLOCK_Q * ld_o + 2 * 32 * WARPS))
 
 
+def padded_seq(seq: int) -> int:
+    """The kernel's sequence length for ``seq``: whole BLOCK_Q-row blocks (ViT's 197 -> 256)."""
+    return -(-seq // BLOCK_Q) * BLOCK_Q
+
+
 def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
     """None when the kernel handles this shape, else why not (one phrase)."""
-    if seq > MAX_SEQ:
+    if padded_seq(seq) > MAX_SEQ:
         return f"sequence length {seq} is over {MAX_SEQ}"
-    if seq % BLOCK_Q:
-        return f"sequence length {seq} is not a multiple of {BLOCK_Q}"
     if head_dim % FRAG:
         return f"head dim {head_dim} is not a multiple of {FRAG}"
-    if shared_bytes(seq, head_dim) > smem_limit_kib * 1024:
-        return (f"{shared_bytes(seq, head_dim) // 1024} KiB of shared memory for S={seq}, "
+    need = shared_bytes(padded_seq(seq), head_dim)
+    if need > smem_limit_kib * 1024:
+        return (f"{need // 1024} KiB of shared memory for S={seq}, "
                 f"D={head_dim} exceeds the GPU's {smem_limit_kib} KiB")
     return None
 
 
 def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
                    q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None = None,
-                   dtype: str = "float16"):
+                   dtype: str = "float16", nan_to_zero: bool = False):
     """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, ``dtype``
     (float16 or bfloat16) in and out, fp32 inside; with ``mask``, ``(q, k, v, mask, out)`` and
-    softmax(q k^T * scale + mask * mask.scale). Shapes as in the operands; scheduled already
-    (``tirx.is_scheduled``)."""
+    softmax(q k^T * scale + mask * mask.scale). ``nan_to_zero``: a row masked everywhere with
+    -inf writes 0 (the ``where(isnan(P), 0, P)`` guard torch's SDPA export adds), else NaN as
+    softmax gives. Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
     if dtype not in DTYPES:
         raise ValueError(f"attention kernel dtype {dtype!r}: not one of {DTYPES}")
     DT = dtype
     tvm_compat.tvm()  # a clear error when TVM is missing
     T = tvm_compat.tvmscript_tir()
 
-    B, H, S, D = batch, heads, seq, head_dim
+    B, H, SEQ, D = batch, heads, seq, head_dim
+    S = padded_seq(SEQ)   # the kernel's sequence: whole 64-row blocks
+    PADDED = S != SEQ     # rows and columns SEQ..S are zero-filled, masked and not stored
+    # scores may be -inf (masks): the row max starts at -inf, as softmax's; without a mask every
+    # score is finite and the kernel keeps the finite start it was measured with
+    NEG = float("-inf") if (mask is not None or PADDED) else -3.0e38
     LDH, LDS, LDP, LDO = D + PAD_H, S + PAD_F, S + PAD_H, D + PAD_F
     NQB = S // BLOCK_Q
     DF, SF = D // FRAG, S // FRAG
@@ -150,16 +160,46 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         mscale = float(mask.scale)
 
     @T.macro
-    def load_rows(dst, src, base, row_stride, vecs, tid):
-        """Rows of D fp16 from ``src[base + row * row_stride + d]`` into ``dst[row * LDH + d]``,
-        one 16-byte vector per thread and step."""
+    def copy_row_vec(dst, src, base, row_stride, i):
+        for l in T.vectorized(VEC):
+            dst[i // (D // VEC) * LDH + i % (D // VEC) * VEC + l] = src[
+                base + i // (D // VEC) * row_stride + i % (D // VEC) * VEC + l]
+
+    @T.macro
+    def store_row_vec(of, o_sh, red, b, h, q0, i):
+        """Output row i // (D / VEC) of this CTA, vector i % (D / VEC): staged fp32 / row sum."""
+        for l in T.vectorized(VEC):
+            if nan_to_zero:
+                of[o_off + b * ob + h * oh + (q0 + i // (D // VEC)) * os_
+                   + i % (D // VEC) * VEC + l] = T.Cast(DT, T.if_then_else(
+                       T.isnan(o_sh[i // (D // VEC) * LDO + i % (D // VEC) * VEC + l]
+                               / (red[THREADS + i // (D // VEC) * 2]
+                                  + red[THREADS + i // (D // VEC) * 2 + 1])), T.float32(0),
+                       o_sh[i // (D // VEC) * LDO + i % (D // VEC) * VEC + l]
+                       / (red[THREADS + i // (D // VEC) * 2]
+                          + red[THREADS + i // (D // VEC) * 2 + 1])))
+            else:
+                of[o_off + b * ob + h * oh + (q0 + i // (D // VEC)) * os_
+                   + i % (D // VEC) * VEC + l] = T.Cast(
+                    DT, o_sh[i // (D // VEC) * LDO + i % (D // VEC) * VEC + l]
+                    / (red[THREADS + i // (D // VEC) * 2]
+                       + red[THREADS + i // (D // VEC) * 2 + 1]))
+
+    @T.macro
+    def load_rows(dst, src, base, row_stride, vecs, tid, limit):
+        """Rows of D values from ``src[base + row * row_stride + d]`` into ``dst[row * LDH + d]``,
+        one 16-byte vector per thread and step; rows from ``limit`` on are zeros (PADDED)."""
         for it in T.serial((vecs + THREADS - 1) // THREADS):
             if it * THREADS + tid < vecs:
-                for l in T.vectorized(VEC):
-                    dst[(it * THREADS + tid) // (D // VEC) * LDH
-                        + (it * THREADS + tid) % (D // VEC) * VEC + l] = src[
-                        base + (it * THREADS + tid) // (D // VEC) * row_stride
-                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
+                if PADDED:
+                    if (it * THREADS + tid) // (D // VEC) < limit:
+                        copy_row_vec(dst, src, base, row_stride, it * THREADS + tid)
+                    else:
+                        for l in T.vectorized(VEC):
+                            dst[(it * THREADS + tid) // (D // VEC) * LDH
+                                + (it * THREADS + tid) % (D // VEC) * VEC + l] = T.Cast(DT, 0)
+                else:
+                    copy_row_vec(dst, src, base, row_stride, it * THREADS + tid)
 
     @T.macro
     def body(qf, kf, vf, of, mf):
@@ -188,9 +228,9 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         q0 = bx % NQB * BLOCK_Q
         tid = ty * 32 + tx
         # 1. global -> shared (16-byte vectors along D)
-        load_rows(q_sh, qf, q_off + b * qb + h * qh + q0 * qs, qs, q_vecs, tid)
-        load_rows(k_sh, kf, k_off + b * kb + h * kh, ks, kv_vecs, tid)
-        load_rows(v_sh, vf, v_off + b * vb + h * vh, vs, kv_vecs, tid)
+        load_rows(q_sh, qf, q_off + b * qb + h * qh + q0 * qs, qs, q_vecs, tid, SEQ - q0)
+        load_rows(k_sh, kf, k_off + b * kb + h * kh, ks, kv_vecs, tid, SEQ)
+        load_rows(v_sh, vf, v_off + b * vb + h * vh, vs, kv_vecs, tid, SEQ)
         T.tvm_storage_sync("shared")
         # 2. scores of this warp's 16 rows: Q_w K^T on tensor cores, fp32 into shared; up to
         # CHUNK fragments accumulate before they are stored, so the loop only reads shared
@@ -219,10 +259,21 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
             row[c] = s_sh[(ty * FRAG + tx // 2) * LDS + tx % 2 * HALF + c] * T.float32(scale)
         if MASKED:  # a Python bool: the unmasked kernel has no trace of this
             for c in T.unroll(HALF):
-                row[c] = row[c] + T.Cast("float32", mf[
-                    m_off + b * mb + h * mh + (q0 + ty * FRAG + tx // 2) * mq
-                    + (tx % 2 * HALF + c) * mk]) * T.float32(mscale)
-        row_max[0] = T.float32(-3.0e38)
+                if PADDED:  # no mask element exists outside SEQ x SEQ
+                    row[c] = row[c] + T.if_then_else(
+                        q0 + ty * FRAG + tx // 2 < SEQ, T.if_then_else(
+                            tx % 2 * HALF + c < SEQ, T.Cast("float32", mf[
+                                m_off + b * mb + h * mh + (q0 + ty * FRAG + tx // 2) * mq
+                                + (tx % 2 * HALF + c) * mk]) * T.float32(mscale),
+                            T.float32(0)), T.float32(0))
+                else:
+                    row[c] = row[c] + T.Cast("float32", mf[
+                        m_off + b * mb + h * mh + (q0 + ty * FRAG + tx // 2) * mq
+                        + (tx % 2 * HALF + c) * mk]) * T.float32(mscale)
+        if PADDED:  # the zero-filled keys SEQ..S get probability 0
+            for c in T.unroll(HALF):
+                row[c] = T.if_then_else(tx % 2 * HALF + c < SEQ, row[c], T.float32(NEG))
+        row_max[0] = T.float32(NEG)
         for c in T.unroll(HALF):
             row_max[0] = T.max(row_max[0], row[c])
         red[tid] = row_max[0]
@@ -255,13 +306,11 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         T.tvm_storage_sync("shared")
         for it in T.serial((o_vecs + THREADS - 1) // THREADS):
             if it * THREADS + tid < o_vecs:
-                for l in T.vectorized(VEC):
-                    of[o_off + b * ob + h * oh + (q0 + (it * THREADS + tid) // (D // VEC)) * os_
-                       + (it * THREADS + tid) % (D // VEC) * VEC + l] = T.Cast(
-                        DT, o_sh[(it * THREADS + tid) // (D // VEC) * LDO
-                                        + (it * THREADS + tid) % (D // VEC) * VEC + l]
-                        / (red[THREADS + (it * THREADS + tid) // (D // VEC) * 2]
-                           + red[THREADS + (it * THREADS + tid) // (D // VEC) * 2 + 1]))
+                if PADDED:
+                    if q0 + (it * THREADS + tid) // (D // VEC) < SEQ:
+                        store_row_vec(of, o_sh, red, b, h, q0, it * THREADS + tid)
+                else:
+                    store_row_vec(of, o_sh, red, b, h, q0, it * THREADS + tid)
 
     if not MASKED:
         @T.prim_func(private=True, s_tir=True)

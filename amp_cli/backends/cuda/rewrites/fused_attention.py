@@ -29,7 +29,7 @@ from ..registry import register
 from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
 from .matmul_nt import permutation
 from .strided_view import bound as _bound
-from .strided_view import positive_scale, views
+from .strided_view import positive_scale, scalar, views
 
 FLOATS = ("float16", "bfloat16", "float32")
 HEADS_FIRST = [0, 2, 1, 3]      # [B, S, H, D] <-> [B, H, S, D]
@@ -70,6 +70,19 @@ def _scores(expr, lookup):
         mask = _through_casts(mask, lookup)  # an fp32 mask is read as fp32 (no cast kernel)
         mask_factor = factor
     return None
+
+
+def _nan_guarded(call, lookup):
+    """x when ``call`` is ``where(isnan(x), 0, x)`` (torch's SDPA export writes it after the
+    softmax: a row masked everywhere gives 0, not NaN), else None."""
+    if call is None or op_name(call) != "relax.where":
+        return None
+    cond, a, b = call.args
+    test = _bound(cond, lookup)
+    if test is None or op_name(test) != "relax.isnan":
+        return None
+    x = test.args[0]
+    return x if scalar(a) == 0.0 and b.same_as(x) else None
 
 
 def _reaches_matmul(expr, lookup) -> bool:
@@ -146,6 +159,9 @@ def match(call, lookup, smem_limit_kib: int):
         return None
     p, v = pv.args
     soft = _bound(_through_casts(p, lookup), lookup)
+    guarded = _nan_guarded(soft, lookup)
+    if guarded is not None:
+        soft = _bound(_through_casts(guarded, lookup), lookup)
     if soft is None or op_name(soft) != "relax.nn.softmax" or int(soft.attrs.axis) not in (-1, 3):
         return None
     found = _scores(soft.args[0], lookup)
@@ -178,7 +194,7 @@ def match(call, lookup, smem_limit_kib: int):
         return None, "K^T is not a transpose of a tensor with the head dim innermost"
     scale *= ops[0][2] * ops[1][2]  # sqrt(scale) on Q and on K (HF / SDPA exports)
     params = {"dims": dims, "scale": scale, "operands": tuple(o[1] for o in ops),
-              "mask": kmask, "dtype": dtype}
+              "mask": kmask, "dtype": dtype, "nan_to_zero": guarded is not None}
     return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
@@ -195,10 +211,10 @@ def fuse_attention(mod, sm: int):
     def emit(bb, tensors, params, out: ak.Operand):
         b, h, s, d = params["dims"]
         key = (params["dims"], params["scale"], params["operands"], params["mask"],
-               params["dtype"], out)
+               params["dtype"], params["nan_to_zero"], out)
         if key not in funcs:
             func = ak.attention_func(b, h, s, d, params["scale"], *params["operands"], out,
-                                     params["mask"], params["dtype"])
+                                     params["mask"], params["dtype"], params["nan_to_zero"])
             funcs[key] = bb.add_func(func, "amp_attention")
             made[funcs[key].name_hint] = params
         return relax.call_tir(funcs[key], relax.Tuple(list(tensors)),
