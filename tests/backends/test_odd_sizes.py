@@ -180,7 +180,7 @@ def _odd_graph(kind: str, dims: tuple):
         ho = (9 + 2 * (k // 2) - k) // s + 1
         wo = (11 + 2 * (k // 2) - k) // s + 1
         return b.model([("x", [2, c, 9, 11], "float32")], [(y, [2, o, ho, wo], "float32")])
-    if kind == "encoder":  # fused attention (S 64..256), norm + cast, combined Q/K/V GEMMs
+    if kind == "encoder":  # fused attention (S <= 256), norm + cast, combined Q/K/V GEMMs
         seq, hidden, heads = dims
         y = b.encoder_layer("x", 2, seq, hidden, heads, 64)
         return b.model([("x", [2, seq, hidden], "float32")], [(y, [2, seq, hidden], "float32")])

@@ -12,9 +12,12 @@ and the PV GEMM. Here one CTA takes one (batch, head, 64-query block):
 4. ``P_w V`` on tensor cores, fp32 accumulators staged in shared memory, stored as fp16.
 
 The whole score row stays on chip (half a row per lane in registers), so the kernel serves
-sequences up to MAX_SEQ = 256 whose buffers fit the GPU's shared memory (``shared_bytes``, an upper
-bound: 113 KiB for S=128, D=64; 197 KiB for S=256, which fits sm_90 but not sm_80); longer sequences keep the unfused path. The score accumulation and the softmax are fp32 end to end, which is at least as
-accurate as the unfused fp16 path (its scores are rounded to fp16 before the softmax).
+sequences up to MAX_SEQ = 256 whose buffers fit the GPU's shared memory (``shared_bytes``, an
+upper bound: 113 KiB for S=128, D=64; 197 KiB for S=256, which fits sm_90 but not sm_80);
+longer sequences keep the unfused path. A sequence between blocks (ViT's 197) runs as the next
+multiple of 64 (``padded_seq``): K/V rows past S are zeros with -inf scores, output rows past S
+are not stored. The score accumulation and the softmax are fp32 end to end, which is at least
+as accurate as the unfused fp16 path (its scores are rounded to fp16 before the softmax).
 
 Operands are addressed through strides, so Q/K/V may be the [B, S, H, D] views a transformer
 writes before its head-split transposes (no transpose kernels) or [B, H, S, D] tensors; the

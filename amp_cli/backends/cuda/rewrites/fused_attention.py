@@ -17,8 +17,8 @@ layout directly.
 
 The kernel keeps the scores in fp32 from the GEMM through the mask and the softmax; the unfused
 fp16 graph rounds them to fp16 once or twice on the way. Shapes the kernel does not serve
-(sequence not a multiple of 64, more shared memory than the GPU has, a mask that does not
-broadcast) keep the unfused path and are counted.
+(sequences over 256, head dims not a multiple of 16, more shared memory than the GPU has, a
+mask that does not broadcast) keep the unfused path and are counted.
 """
 from __future__ import annotations
 
