@@ -100,7 +100,7 @@ class CudaConfig:
     sink_reshapes: bool = True  # flattening reshapes moved past GEMM epilogues (they fuse)
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
-    fused_attention: bool = True  # softmax(Q K^T [+ mask]) V as one kernel (fp16/bf16, S <= 256)
+    fused_attention: bool = True  # softmax(Q K^T [+ mask]) V as one kernel (fp16/bf16, any S)
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled

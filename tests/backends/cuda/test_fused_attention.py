@@ -138,7 +138,7 @@ def test_the_nan_guard_of_sdpa_exports_is_kept_inside_the_kernel(monkeypatch):
     """where(isnan(P), 0, P): fused, and the kernel writes 0 for a row masked everywhere."""
     made = []
     real = ak.attention_func
-    monkeypatch.setattr(ak, "attention_func", lambda *a: made.append(a[-1]) or real(*a))
+    monkeypatch.setattr(ak, "attention_func", lambda *a: made.append(a[11]) or real(*a))
     new, fused, declined = fuse_attention(
         _attention_module(mask=(2, 1, 1, 64), nan_guard=True), 90)
     assert (fused, declined) == (1, {})
@@ -193,14 +193,12 @@ def test_what_is_not_fused():
     assert ak.broadcast_mask((2, 2, 64, 64), "float16", full) is None
     assert ak.broadcast_mask((3, 1, 1, 1, 64), "float16", full) is None
     assert ak.broadcast_mask((64,), "float32", full).strides == (0, 0, 0, 1)
-    mod = _attention_module(s=320)         # sequence over 256: counted, unfused
+    mod = _attention_module(d=40)          # head dim not a multiple of 16: counted, unfused
     new, fused, declined = fuse_attention(mod, 90)
-    assert fused == 0 and list(declined) == ["sequence length 320 is over 256"]
+    assert fused == 0 and list(declined) == ["head dim 40 is not a multiple of 16"]
     assert new.same_as(mod)
     _, fused, declined = fuse_attention(_attention_module(kt_input=True), 90)
     assert fused == 0 and "head dim innermost" in list(declined)[0]
-    _, fused, declined = fuse_attention(_attention_module(b=1, h=1, s=512), 90)
-    assert fused == 0 and list(declined) == ["sequence length 512 is over 256"]
 
 
 def test_sequences_between_blocks_are_padded_inside_the_kernel():
@@ -216,25 +214,41 @@ def test_sequences_between_blocks_are_padded_inside_the_kernel():
 
 def test_shared_memory_bound_and_supported_shapes():
     assert ak.supported(128, 64, 227) is None
-    # an upper bound (TVM overlaps buffers whose lifetimes do not): S=256 fits sm_90, not sm_80
+    # an upper bound (TVM overlaps buffers whose lifetimes do not): S=256 fits sm_90, not sm_80,
+    # where the online-softmax kernel (its buffers independent of S) takes it
     assert ak.shared_bytes(256, 64) // 1024 == 197
-    assert ak.supported(256, 64, 227) is None
-    assert "exceeds the GPU's 163 KiB" in ak.supported(256, 64, 163)
+    assert ak.supported(256, 64, 227) is None and not ak.use_flash(256, 64, 227)
+    assert ak.supported(256, 64, 163) is None and ak.use_flash(256, 64, 163)
+    assert ak.use_flash(320, 64, 227) and ak.supported(1500, 128, 227) is None
     assert "multiple of 16" in ak.supported(128, 40, 227)
+    assert "exceeds the GPU's 48 KiB" in ak.supported(1500, 128, 48)
+
+
+def test_long_sequences_take_the_online_softmax_kernel():
+    """S = 512 (BERT's longest), 1500 (Whisper's encoder): one fused kernel per attention core,
+    the tiled one, masked or not."""
+    for s, mask in ((512, (2, 1, 1, 512)), (1500, None)):
+        new, fused, declined = fuse_attention(_attention_module(s=s, mask=mask), 90)
+        assert (fused, declined) == (1, {}), s
+        func = new[_kernel_call(new)[0].args[0]]
+        assert func.attrs["amp.kernel"] == ("masked_" if mask else "") + "flash_attention"
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("masked,dtype,s", [(False, "float16", 128), (True, "float16", 128),
-                                            (True, "bfloat16", 128), (False, "float16", 197),
-                                            (True, "bfloat16", 77)])
-def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype, s,
+@pytest.mark.parametrize("masked,dtype,s,flash", [
+    (False, "float16", 128, False), (True, "float16", 128, False),
+    (True, "bfloat16", 128, False), (False, "float16", 197, False),
+    (True, "bfloat16", 77, False), (False, "float16", 1500, True),
+    (True, "bfloat16", 300, True)])
+def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype, s, flash,
                                                               monkeypatch):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     b, h, d = 2, 4, 64
     mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
     func = ak.attention_func(b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
-                             ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask, dtype)
+                             ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask, dtype,
+                             flash=flash)
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
@@ -243,10 +257,13 @@ def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype
     assert ("nv_bfloat16, nvcuda::wmma::row_major" in src) == (dtype == "bfloat16")
     # TVM's barrier planner puts a __syncthreads into every iteration of a loop that reads
     # and writes shared memory; the kernel is written so that none lands in a loop (9 in all:
-    # loads, score store, two row exchanges, probabilities, output staging)
-    assert src.count("__syncthreads()") <= 10, src.count("__syncthreads()")
-    # the mask is read once per score (S/2 per lane of the padded row), nowhere else
-    assert src.count("mf_ptr[") == (ak.padded_seq(s) // 2 if masked else 0)
+    # loads, score store, two row exchanges, probabilities, output staging); the tiled kernel
+    # has its barriers once per key tile, none in the per-element loops (12 in the source)
+    assert src.count("__syncthreads()") <= (12 if flash else 10), src.count("__syncthreads()")
+    # the mask is read once per score (S/2 per lane of the padded row; a tile's 32 in the
+    # tiled kernel), nowhere else
+    per_lane = 32 if flash else ak.padded_seq(s) // 2
+    assert src.count("mf_ptr[") == (per_lane if masked else 0)
     # what a GPU machine compiles it with: NVRTC (TVM's default there), and nvcc
     for mode in ("nvrtc", "nvcc"):
         assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
@@ -267,8 +284,10 @@ def _reference(q, k, v, scale, mask=None):
 @pytest.mark.parametrize("b,h,s,d,layout", [(2, 3, 64, 64, "bshd"), (8, 16, 128, 64, "bshd"),
                                             (2, 2, 256, 64, "bhsd"), (1, 4, 192, 32, "bshd"),
                                             (2, 4, 128, 32, "bhsd"), (2, 12, 197, 64, "bshd"),
-                                            (3, 2, 50, 32, "bhsd")])
-def test_kernel_matches_float64_on_gpu(b, h, s, d, layout):
+                                            (3, 2, 50, 32, "bhsd"), (2, 4, 1500, 64, "bshd"),
+                                            (1, 2, 520, 128, "bhsd")])
+@pytest.mark.parametrize("flash", [False, True], ids=["rows", "tiled"])
+def test_kernel_matches_float64_on_gpu(b, h, s, d, layout, flash):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     dev = tvm.cuda(0)
@@ -276,7 +295,10 @@ def test_kernel_matches_float64_on_gpu(b, h, s, d, layout):
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     opnd = getattr(ak, layout)(b, h, s, d)
     scale = 1 / np.sqrt(d)
-    func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d))
+    if not flash and ak.padded_seq(s) > ak.MAX_SEQ:
+        pytest.skip("longer than the row kernel serves")
+    func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d),
+                             flash=flash)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     rng = np.random.default_rng(s + d)
@@ -311,9 +333,11 @@ def _mask_values(kind, b, h, s, dtype, rng):
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind,dtype", [("padding", "float32"), ("padding", "float16"),
                                         ("causal", "float16"), ("bias", "float32")])
-@pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32), (2, 2, 77, 64)])
+@pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32), (2, 2, 77, 64),
+                                     (2, 2, 333, 64)])
 @pytest.mark.parametrize("io", ["float16", "bfloat16"])
-def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io):
+@pytest.mark.parametrize("flash", [False, True], ids=["rows", "tiled"])
+def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io, flash):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     dev = tvm.cuda(0)
@@ -324,8 +348,10 @@ def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io):
     mask = ak.broadcast_mask(m.shape, dtype, (b, h, s, s))
     opnd = ak.bshd(b, h, s, d)
     scale = 1 / np.sqrt(d)
+    if not flash and ak.padded_seq(s) > ak.MAX_SEQ:
+        pytest.skip("longer than the row kernel serves")
     func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask,
-                             io)
+                             io, flash=flash)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     # values exact in bf16 and fp16 alike (multiples of 1/64 in [-2, 2]): one reference
@@ -407,7 +433,8 @@ def test_torch_sdpa_export_is_fused(causal, precision, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("nan_to_zero", [False, True])
-def test_rows_masked_everywhere_on_gpu(nan_to_zero):
+@pytest.mark.parametrize("flash", [False, True], ids=["rows", "tiled"])
+def test_rows_masked_everywhere_on_gpu(nan_to_zero, flash):
     """Batch 1's keys all -inf: softmax's NaN for its rows, or 0 with the SDPA guard; batch 0
     unaffected; S = 77 exercises the padded block too."""
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
@@ -421,7 +448,7 @@ def test_rows_masked_everywhere_on_gpu(nan_to_zero):
     opnd = ak.bshd(b, h, s, d)
     func = ak.attention_func(b, h, s, d, 0.125, opnd, opnd, opnd, opnd,
                              ak.broadcast_mask(m.shape, "float32", (b, h, s, s)), "float16",
-                             nan_to_zero)
+                             nan_to_zero, flash)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     rng = np.random.default_rng(1)

@@ -16,9 +16,11 @@ transposed back (``permute(O, [0, 2, 1, 3])``, before the merge of the heads) is
 layout directly.
 
 The kernel keeps the scores in fp32 from the GEMM through the mask and the softmax; the unfused
-fp16 graph rounds them to fp16 once or twice on the way. Shapes the kernel does not serve
-(sequences over 256, head dims not a multiple of 16, more shared memory than the GPU has, a
-mask that does not broadcast) keep the unfused path and are counted.
+fp16 graph rounds them to fp16 once or twice on the way. Sequences up to 256 take the kernel
+that holds whole score rows on chip; longer ones (or ones whose buffers exceed the GPU's shared
+memory) the online-softmax kernel over 64-key tiles (``kernels/flash_attention.py``). Shapes
+neither serves (head dims not a multiple of 16, a mask that does not broadcast) keep the
+unfused path and are counted.
 """
 from __future__ import annotations
 
@@ -194,7 +196,8 @@ def match(call, lookup, smem_limit_kib: int):
         return None, "K^T is not a transpose of a tensor with the head dim innermost"
     scale *= ops[0][2] * ops[1][2]  # sqrt(scale) on Q and on K (HF / SDPA exports)
     params = {"dims": dims, "scale": scale, "operands": tuple(o[1] for o in ops),
-              "mask": kmask, "dtype": dtype, "nan_to_zero": guarded is not None}
+              "mask": kmask, "dtype": dtype, "nan_to_zero": guarded is not None,
+              "flash": ak.use_flash(s, d, smem_limit_kib)}
     return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
@@ -211,10 +214,11 @@ def fuse_attention(mod, sm: int):
     def emit(bb, tensors, params, out: ak.Operand):
         b, h, s, d = params["dims"]
         key = (params["dims"], params["scale"], params["operands"], params["mask"],
-               params["dtype"], params["nan_to_zero"], out)
+               params["dtype"], params["nan_to_zero"], params["flash"], out)
         if key not in funcs:
             func = ak.attention_func(b, h, s, d, params["scale"], *params["operands"], out,
-                                     params["mask"], params["dtype"], params["nan_to_zero"])
+                                     params["mask"], params["dtype"], params["nan_to_zero"],
+                                     params["flash"])
             funcs[key] = bb.add_func(func, "amp_attention")
             made[funcs[key].name_hint] = params
         return relax.call_tir(funcs[key], relax.Tuple(list(tensors)),
