@@ -171,10 +171,9 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
     (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
         q.strides, k.strides, v.strides, out.strides)
     q_off, k_off, v_off, o_off = q.offset, k.offset, v.offset, out.offset
-    NQ, NK, NV, NO = (math.prod(x.shape) for x in (q, k, v, out))
     MASKED = mask is not None
     if MASKED:
-        (mb, mh, mq, mk), m_off, NM = mask.strides, mask.offset, math.prod(mask.shape)
+        (mb, mh, mq, mk), m_off = mask.strides, mask.offset
         mscale = float(mask.scale)
 
     @T.macro
@@ -330,12 +329,22 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
                 else:
                     store_row_vec(of, o_sh, red, b, h, q0, it * THREADS + tid)
 
-    if not MASKED:
+    return kernel_signature(T, body, "attention", q, k, v, out, mask, DT)
+
+
+def kernel_signature(T, body, name: str, q: Operand, k: Operand, v: Operand, out: Operand,
+                     mask: Mask | None, dtype: str):
+    """The PrimFunc ``(q, k, v[, mask], out)`` of an attention kernel: flat views of its buffers
+    handed to the TVMScript macro ``body(qf, kf, vf, of, mf)`` (``mf`` None without a mask);
+    ``amp.kernel`` is ``name`` or ``masked_<name>``."""
+    DT = dtype
+    NQ, NK, NV, NO = (math.prod(x.shape) for x in (q, k, v, out))
+    if mask is None:
         @T.prim_func(private=True, s_tir=True)
         def attention(q_in: T.Buffer(q.shape, DT), k_in: T.Buffer(k.shape, DT),
                       v_in: T.Buffer(v.shape, DT), o_out: T.Buffer(out.shape, DT)):
             T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
-                         ir_attrs.KERNEL_NAME: "attention"})
+                         ir_attrs.KERNEL_NAME: name})
             qf = T.decl_buffer((NQ,), DT, data=q_in.data)
             kf = T.decl_buffer((NK,), DT, data=k_in.data)
             vf = T.decl_buffer((NV,), DT, data=v_in.data)
@@ -344,13 +353,15 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
 
         return attention
 
+    NM = math.prod(mask.shape)
+
     @T.prim_func(private=True, s_tir=True)
     def masked_attention(q_in: T.Buffer(q.shape, DT), k_in: T.Buffer(k.shape, DT),
                          v_in: T.Buffer(v.shape, DT),
                          m_in: T.Buffer(mask.shape, mask.dtype),
                          o_out: T.Buffer(out.shape, DT)):
         T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
-                     ir_attrs.KERNEL_NAME: "masked_attention"})
+                     ir_attrs.KERNEL_NAME: "masked_" + name})
         qf = T.decl_buffer((NQ,), DT, data=q_in.data)
         kf = T.decl_buffer((NK,), DT, data=k_in.data)
         vf = T.decl_buffer((NV,), DT, data=v_in.data)

@@ -22,10 +22,10 @@ fp32; only P and V meet the tensor cores in the input type, as in the unfused gr
 """
 from __future__ import annotations
 
-import math
 
-from .... import ir_attrs, tvm_compat
-from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand
+from .... import tvm_compat
+from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand, \
+    kernel_signature
 
 BLOCK_K = 64  # keys per tile
 
@@ -63,10 +63,9 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
         q.strides, k.strides, v.strides, out.strides)
     q_off, k_off, v_off, o_off = q.offset, k.offset, v.offset, out.offset
-    NQ, NK, NV, NO = (math.prod(x.shape) for x in (q, k, v, out))
     MASKED = mask is not None
     if MASKED:
-        (mb, mh, mq, mk), m_off, NM = mask.strides, mask.offset, math.prod(mask.shape)
+        (mb, mh, mq, mk), m_off = mask.strides, mask.offset
         mscale = float(mask.scale)
 
     @T.macro
@@ -214,32 +213,4 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
                         of[o_off + b * ob + h * oh + (q0 + r) * os_ + tx % 2 * DH + j * VEC
                            + l] = T.Cast(DT, o_reg[j * VEC + l] / run[1])
 
-    if not MASKED:
-        @T.prim_func(private=True, s_tir=True)
-        def flash_attention(q_in: T.Buffer(q.shape, DT), k_in: T.Buffer(k.shape, DT),
-                            v_in: T.Buffer(v.shape, DT), o_out: T.Buffer(out.shape, DT)):
-            T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
-                         ir_attrs.KERNEL_NAME: "flash_attention"})
-            qf = T.decl_buffer((NQ,), DT, data=q_in.data)
-            kf = T.decl_buffer((NK,), DT, data=k_in.data)
-            vf = T.decl_buffer((NV,), DT, data=v_in.data)
-            of = T.decl_buffer((NO,), DT, data=o_out.data)
-            body(qf, kf, vf, of, None)
-
-        return flash_attention
-
-    @T.prim_func(private=True, s_tir=True)
-    def masked_flash_attention(q_in: T.Buffer(q.shape, DT), k_in: T.Buffer(k.shape, DT),
-                               v_in: T.Buffer(v.shape, DT),
-                               m_in: T.Buffer(mask.shape, mask.dtype),
-                               o_out: T.Buffer(out.shape, DT)):
-        T.func_attr({ir_attrs.NOALIAS: True, ir_attrs.IS_SCHEDULED: True,
-                     ir_attrs.KERNEL_NAME: "masked_flash_attention"})
-        qf = T.decl_buffer((NQ,), DT, data=q_in.data)
-        kf = T.decl_buffer((NK,), DT, data=k_in.data)
-        vf = T.decl_buffer((NV,), DT, data=v_in.data)
-        mf = T.decl_buffer((NM,), mask.dtype, data=m_in.data)
-        of = T.decl_buffer((NO,), DT, data=o_out.data)
-        body(qf, kf, vf, of, mf)
-
-    return masked_flash_attention
+    return kernel_signature(T, body, "flash_attention", q, k, v, out, mask, DT)
