@@ -12,7 +12,8 @@ tvm = pytest.importorskip("tvm")
 from amp_cli import tvm_compat  # noqa: E402
 from fixtures.cuda_compile import compile_like_tvm  # noqa: E402
 from amp_cli.backends.cuda.kernels import attention as ak  # noqa: E402
-from amp_cli.backends.cuda.rewrites.fused_attention import fuse_attention  # noqa: E402
+from amp_cli.backends.cuda.kernels import flash_attention as fk  # noqa: E402
+from amp_cli.backends.cuda.rewrites.fused_attention import fuse_attention, plan  # noqa: E402
 from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 
 relax = tvm.relax
@@ -69,6 +70,11 @@ def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=None, kt_input=Fal
             gv = bb.emit_output(relax.op.reshape(o, (b, s, h * d)))
         bb.emit_func_output(gv)
     return bb.get()
+
+
+def _kernel(flash: bool, *args):
+    """The tiled (online-softmax) kernel or the row kernel, same arguments."""
+    return (fk.flash_attention_func if flash else ak.attention_func)(*args)
 
 
 def _ops(mod) -> list[str]:
@@ -213,15 +219,15 @@ def test_sequences_between_blocks_are_padded_inside_the_kernel():
 
 
 def test_shared_memory_bound_and_supported_shapes():
-    assert ak.supported(128, 64, 227) is None
+    assert plan(128, 64, 227) == (False, None)
     # an upper bound (TVM overlaps buffers whose lifetimes do not): S=256 fits sm_90, not sm_80,
     # where the online-softmax kernel (its buffers independent of S) takes it
     assert ak.shared_bytes(256, 64) // 1024 == 197
-    assert ak.supported(256, 64, 227) is None and not ak.use_flash(256, 64, 227)
-    assert ak.supported(256, 64, 163) is None and ak.use_flash(256, 64, 163)
-    assert ak.use_flash(320, 64, 227) and ak.supported(1500, 128, 227) is None
-    assert "multiple of 16" in ak.supported(128, 40, 227)
-    assert "exceeds the GPU's 48 KiB" in ak.supported(1500, 128, 48)
+    assert "exceeds the GPU's 163 KiB" in ak.supported(256, 64, 163)
+    assert plan(256, 64, 227) == (False, None) and plan(256, 64, 163) == (True, None)
+    assert plan(320, 64, 227) == (True, None) and plan(1500, 128, 227) == (True, None)
+    assert plan(128, 40, 227) == (None, "head dim 40 is not a multiple of 16")
+    assert "exceeds the GPU's 48 KiB" in plan(1500, 128, 48)[1]
 
 
 def test_long_sequences_take_the_online_softmax_kernel():
@@ -246,9 +252,8 @@ def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype
 
     b, h, d = 2, 4, 64
     mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
-    func = ak.attention_func(b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
-                             ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask, dtype,
-                             flash=flash)
+    func = _kernel(flash, b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
+                   ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask, dtype)
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
@@ -297,8 +302,7 @@ def test_kernel_matches_float64_on_gpu(b, h, s, d, layout, flash):
     scale = 1 / np.sqrt(d)
     if not flash and ak.padded_seq(s) > ak.MAX_SEQ:
         pytest.skip("longer than the row kernel serves")
-    func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d),
-                             flash=flash)
+    func = _kernel(flash, b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d))
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     rng = np.random.default_rng(s + d)
@@ -350,8 +354,7 @@ def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io, flash
     scale = 1 / np.sqrt(d)
     if not flash and ak.padded_seq(s) > ak.MAX_SEQ:
         pytest.skip("longer than the row kernel serves")
-    func = ak.attention_func(b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask,
-                             io, flash=flash)
+    func = _kernel(flash, b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask, io)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     # values exact in bf16 and fp16 alike (multiples of 1/64 in [-2, 2]): one reference
@@ -446,9 +449,8 @@ def test_rows_masked_everywhere_on_gpu(nan_to_zero, flash):
     m = np.zeros((b, 1, 1, s), "float32")
     m[1] = -np.inf
     opnd = ak.bshd(b, h, s, d)
-    func = ak.attention_func(b, h, s, d, 0.125, opnd, opnd, opnd, opnd,
-                             ak.broadcast_mask(m.shape, "float32", (b, h, s, s)), "float16",
-                             nan_to_zero, flash)
+    func = _kernel(flash, b, h, s, d, 0.125, opnd, opnd, opnd, opnd,
+                   ak.broadcast_mask(m.shape, "float32", (b, h, s, s)), "float16", nan_to_zero)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     rng = np.random.default_rng(1)

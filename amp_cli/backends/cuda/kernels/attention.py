@@ -111,22 +111,14 @@ def padded_seq(seq: int) -> int:
     return -(-seq // BLOCK_Q) * BLOCK_Q
 
 
-def use_flash(seq: int, head_dim: int, smem_limit_kib: int) -> bool:
-    """Whether ``seq`` needs the online-softmax kernel (``flash_attention``): its score rows do
-    not fit this kernel's registers, or its buffers not the GPU's shared memory."""
-    return padded_seq(seq) > MAX_SEQ or \
-        shared_bytes(padded_seq(seq), head_dim) > smem_limit_kib * 1024
-
-
 def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
-    """None when one of the two kernels handles this shape, else why not (one phrase)."""
+    """None when this kernel handles the shape, else why not (one phrase); longer sequences are
+    ``flash_attention``'s (the rewrite chooses)."""
     if head_dim % FRAG:
         return f"head dim {head_dim} is not a multiple of {FRAG}"
-    if not use_flash(seq, head_dim, smem_limit_kib):
-        return None
-    from .flash_attention import shared_bytes as flash_bytes
-
-    need = flash_bytes(head_dim)
+    if padded_seq(seq) > MAX_SEQ:
+        return f"sequence length {seq} is over {MAX_SEQ}"
+    need = shared_bytes(padded_seq(seq), head_dim)
     if need > smem_limit_kib * 1024:
         return (f"{need // 1024} KiB of shared memory for S={seq}, "
                 f"D={head_dim} exceeds the GPU's {smem_limit_kib} KiB")
@@ -135,20 +127,14 @@ def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
 
 def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
                    q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None = None,
-                   dtype: str = "float16", nan_to_zero: bool = False, flash: bool = False):
+                   dtype: str = "float16", nan_to_zero: bool = False):
     """The PrimFunc ``(q, k, v, out)``: out[b, h, s, :] = softmax(q k^T * scale) v, ``dtype``
     (float16 or bfloat16) in and out, fp32 inside; with ``mask``, ``(q, k, v, mask, out)`` and
     softmax(q k^T * scale + mask * mask.scale). ``nan_to_zero``: a row masked everywhere with
     -inf writes 0 (the ``where(isnan(P), 0, P)`` guard torch's SDPA export adds), else NaN as
-    softmax gives. ``flash``: the online-softmax kernel over key tiles (``use_flash``: any
-    sequence length). Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
+    softmax gives. Shapes as in the operands; scheduled already (``tirx.is_scheduled``)."""
     if dtype not in DTYPES:
         raise ValueError(f"attention kernel dtype {dtype!r}: not one of {DTYPES}")
-    if flash:
-        from .flash_attention import flash_attention_func
-
-        return flash_attention_func(batch, heads, seq, head_dim, scale, q, k, v, out, mask,
-                                    dtype, nan_to_zero)
     DT = dtype
     tvm_compat.tvm()  # a clear error when TVM is missing
     T = tvm_compat.tvmscript_tir()

@@ -38,6 +38,17 @@ def shared_bytes(head_dim: int) -> int:
             + 4 * (BLOCK_Q * ld_s + BLOCK_Q * ld_o + 2 * 32 * WARPS))
 
 
+def supported(head_dim: int, smem_limit_kib: int) -> str | None:
+    """None when this kernel handles the head dim on a GPU with that much shared memory (any
+    sequence length), else why not."""
+    if head_dim % FRAG:
+        return f"head dim {head_dim} is not a multiple of {FRAG}"
+    if shared_bytes(head_dim) > smem_limit_kib * 1024:
+        return (f"{shared_bytes(head_dim) // 1024} KiB of shared memory for D={head_dim} "
+                f"exceeds the GPU's {smem_limit_kib} KiB")
+    return None
+
+
 def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
                          q: Operand, k: Operand, v: Operand, out: Operand,
                          mask: Mask | None = None, dtype: str = "float16",

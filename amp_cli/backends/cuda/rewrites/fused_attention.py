@@ -27,6 +27,7 @@ from __future__ import annotations
 from .... import tvm_compat
 from ....hardware import smem_limit
 from ..kernels import attention as ak
+from ..kernels import flash_attention as fk
 from ..registry import register
 from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
 from .matmul_nt import permutation
@@ -148,6 +149,16 @@ def _mask(mask, dims, mask_factor):
     return m, None
 
 
+def plan(seq: int, head_dim: int, smem_limit_kib: int) -> tuple:
+    """(flash, None): the kernel for this shape -- the row kernel (flash False) where it
+    serves, else the online-softmax one over key tiles -- or (None, why neither does)."""
+    why = ak.supported(seq, head_dim, smem_limit_kib)
+    if why is None:
+        return False, None
+    why_flash = fk.supported(head_dim, smem_limit_kib)
+    return (True, None) if why_flash is None else (None, why_flash)
+
+
 def match(call, lookup, smem_limit_kib: int):
     """(q, k, v tensors, params dict) when ``call`` ends an attention core this pass fuses,
     (None, reason) when it is one the kernel cannot serve, None when it is no attention."""
@@ -181,7 +192,7 @@ def match(call, lookup, smem_limit_kib: int):
     if dtype not in ak.DTYPES or any(x.ty.dtype != dtype for x in (kt, v)) or \
             (call.ty.dtype != dtype):
         return None
-    why = ak.supported(s, d, smem_limit_kib)
+    flash, why = plan(s, d, smem_limit_kib)
     if why is not None:
         return None, why
     dims = (b, h, s, d)
@@ -197,7 +208,7 @@ def match(call, lookup, smem_limit_kib: int):
     scale *= ops[0][2] * ops[1][2]  # sqrt(scale) on Q and on K (HF / SDPA exports)
     params = {"dims": dims, "scale": scale, "operands": tuple(o[1] for o in ops),
               "mask": kmask, "dtype": dtype, "nan_to_zero": guarded is not None,
-              "flash": ak.use_flash(s, d, smem_limit_kib)}
+              "flash": flash}
     return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
@@ -216,9 +227,9 @@ def fuse_attention(mod, sm: int):
         key = (params["dims"], params["scale"], params["operands"], params["mask"],
                params["dtype"], params["nan_to_zero"], params["flash"], out)
         if key not in funcs:
-            func = ak.attention_func(b, h, s, d, params["scale"], *params["operands"], out,
-                                     params["mask"], params["dtype"], params["nan_to_zero"],
-                                     params["flash"])
+            make = fk.flash_attention_func if params["flash"] else ak.attention_func
+            func = make(b, h, s, d, params["scale"], *params["operands"], out, params["mask"],
+                        params["dtype"], params["nan_to_zero"])
             funcs[key] = bb.add_func(func, "amp_attention")
             made[funcs[key].name_hint] = params
         return relax.call_tir(funcs[key], relax.Tuple(list(tensors)),
