@@ -48,31 +48,36 @@ def _through_casts(expr, lookup):
         expr = call.args[0]
 
 
+def _scaled(expr, lookup):
+    """(the call behind ``expr`` once float casts and positive scalar factors are stripped, or
+    None; the product of the factors)."""
+    factor = 1.0
+    while True:
+        call = _bound(_through_casts(expr, lookup), lookup)
+        scaled = positive_scale(call) if call is not None else None
+        if scaled is None:
+            return call, factor
+        expr, factor = scaled[0], factor * scaled[1]
+
+
 def _scores(expr, lookup):
     """(the Q @ K^T matmul call, scale, mask tensor or None, mask scale) behind a softmax input:
     casts, positive scalar factors and at most one additive mask between them, else None."""
-    factor, mask, mask_factor = 1.0, None, 1.0
-    for _ in range(16):
-        expr = _through_casts(expr, lookup)
-        call = _bound(expr, lookup)
-        if call is None:
-            return None
-        if op_name(call) == "relax.matmul":
-            return call, factor, mask, mask_factor
-        scaled = positive_scale(call)
-        if scaled is not None:
-            expr, factor = scaled[0], factor * scaled[1]
-            continue
-        if op_name(call) != "relax.add" or mask is not None:
-            return None
+    call, factor = _scaled(expr, lookup)
+    mask, mask_factor = None, 1.0
+    if call is not None and op_name(call) == "relax.add":
         a, b = call.args  # the side that leads to the matmul is the scores
-        side = _reaches_matmul(a, lookup)
-        if side == _reaches_matmul(b, lookup):
+        side = op_name(_scaled(a, lookup)[0]) == "relax.matmul"
+        if side == (op_name(_scaled(b, lookup)[0]) == "relax.matmul"):
             return None
-        expr, mask = (a, b) if side else (b, a)
+        scores, mask = (a, b) if side else (b, a)
         mask = _through_casts(mask, lookup)  # an fp32 mask is read as fp32 (no cast kernel)
         mask_factor = factor
-    return None
+        call, below = _scaled(scores, lookup)
+        factor *= below
+    if call is None or op_name(call) != "relax.matmul":
+        return None
+    return call, factor, mask, mask_factor
 
 
 def _nan_guarded(call, lookup):
@@ -86,21 +91,6 @@ def _nan_guarded(call, lookup):
         return None
     x = test.args[0]
     return x if scalar(a) == 0.0 and b.same_as(x) else None
-
-
-def _reaches_matmul(expr, lookup) -> bool:
-    for _ in range(8):
-        expr = _through_casts(expr, lookup)
-        call = _bound(expr, lookup)
-        if call is None:
-            return False
-        if op_name(call) == "relax.matmul":
-            return True
-        scaled = positive_scale(call)
-        if scaled is None:
-            return False
-        expr = scaled[0]
-    return False
 
 
 def _permutation(expr, lookup) -> tuple:
