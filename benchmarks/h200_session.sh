@@ -5,7 +5,9 @@
 #
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 #   bash benchmarks/h200_session.sh tests      # gpu-marked tests written without a GPU first
-#   bash benchmarks/h200_session.sh suite      # issue 21: real exports vs torch.compile
+#   bash benchmarks/h200_session.sh suite [NAMES]  # issue 21: real exports vs torch.compile
+#        (nine models and their torch.compile runs do not fit one 10-minute call: run
+#        `suite cnn`, `suite transformers`, `suite rest` -- groups of the default list)
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
 #   bash benchmarks/h200_session.sh corpus NAMES   # issue 20: corpus rows on cuda (fp16,bf16)
 #
@@ -29,9 +31,17 @@ case "$step" in
       tests/backends/cuda/test_exact_pow.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
     ;;
   suite)
-    timeout 590 "$PY" benchmarks/gpu_suite.py --models resnet50,bert-large --corpus default \
-      --amp-precisions fp16,bf16 --budget-s 420 --jobs 8 --json "$OUT/gpu_suite.json" "$@" \
-      2>&1 | tee "$OUT/gpu_suite.log" | tail -60
+    group=${1:-cnn}
+    shift || true
+    case "$group" in
+      cnn) corpus=resnet50,mobilenet_v3_large,efficientnet_b0,convnext_tiny; hand='' ;;
+      transformers) corpus=vit_b_16,bert,gpt2; hand='' ;;
+      rest) corpus=yolo_head,whisper_encoder; hand=resnet50,bert-large ;;
+      *) corpus=$group; hand='' ;;
+    esac
+    timeout 590 "$PY" benchmarks/gpu_suite.py --models "$hand" --corpus "$corpus" \
+      --amp-precisions fp16,bf16 --budget-s 400 --jobs 8 --json "$OUT/gpu_suite_$group.json" \
+      "$@" 2>&1 | tee "$OUT/gpu_suite_$group.log" | tail -60
     ;;
   dynamic)
     timeout 590 "$PY" benchmarks/dynamic_bench.py --json "$OUT/dynamic_bench.json" "$@" \
@@ -48,7 +58,7 @@ case "$step" in
       2>&1 | tee "$OUT/corpus_cuda.log" | tail -60
     ;;
   *)
-    sed -n "2,11p" "$0"
+    sed -n "2,13p" "$0"
     exit 2
     ;;
 esac
