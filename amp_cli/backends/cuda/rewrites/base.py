@@ -10,8 +10,8 @@ from typing import Callable
 from .... import tvm_compat
 from ...relax_calls import calls, entry_functions, op_name, rewrite_calls, static_shape
 
-__all__ = ["add_counts", "calls", "entry_functions", "module_pass", "op_name", "rewrite_calls",
-           "static_shape"]
+__all__ = ["add_counts", "calls", "conv2d_in", "entry_functions", "module_pass", "op_name",
+           "rewrite_calls", "static_shape"]
 
 
 def add_counts(stats: dict | None, **counts) -> None:
@@ -30,3 +30,19 @@ def module_pass(fn: Callable, name: str):
         return fn(mod)
 
     return _pass
+
+
+def conv2d_in(call, dtypes, want_layout: str | None = None) -> bool:
+    """``call`` is a static-shape conv2d whose data and weight share one of ``dtypes`` and, when
+    ``want_layout`` is given, whose data is in it with OHWI filters (what the conv rewrites take
+    once ConvertLayout ran). Groups, dilation and the like are each rewrite's own."""
+    if op_name(call) != "relax.nn.conv2d":
+        return False
+    a = call.attrs
+    if want_layout and (a.data_layout != want_layout or a.kernel_layout != "OHWI"
+                        or a.out_layout not in ("", want_layout)):
+        return False
+    x, w = call.args
+    if x.ty.dtype not in dtypes or w.ty.dtype != x.ty.dtype:
+        return False
+    return static_shape(x) is not None and static_shape(w) is not None

@@ -34,25 +34,14 @@ from ....dtypes import LOW_TYPES
 from ...layout import REPORT_LABELS as LAYOUT_LABELS
 from ...layout import convert_layout
 from ..registry import register
-from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
+from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, static_shape
 
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
 
 def _is_candidate(call, want_layout: str | None = None) -> bool:
     """fp16/bf16, groups=1, static-shape conv2d (in ``want_layout`` when given)."""
-    if op_name(call) != "relax.nn.conv2d":
-        return False
-    a = call.attrs
-    if int(a.groups) != 1:
-        return False
-    if want_layout and (a.data_layout != want_layout or a.kernel_layout != "OHWI"
-                        or a.out_layout not in ("", want_layout)):
-        return False
-    x, w = call.args
-    if x.ty.dtype not in LOW_TYPES or w.ty.dtype != x.ty.dtype:
-        return False
-    return static_shape(x) is not None and static_shape(w) is not None
+    return conv2d_in(call, LOW_TYPES, want_layout) and int(call.attrs.groups) == 1
 
 
 def count_gemm_convs(mod) -> int:

@@ -28,7 +28,7 @@ from ...layout import REPORT_LABELS as LAYOUT_LABELS
 from ...layout import convert_layout
 from ..kernels import depthwise
 from ..registry import register
-from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
+from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, static_shape
 from .conv_gemm import CONV_LAYOUTS
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -38,18 +38,9 @@ COUNT = "grouped_convs"  # build-report count
 def is_candidate(call, want_layout: str | None = None) -> bool:
     """A grouped (groups > 1) static-shape conv2d with dilation 1 in fp16/bf16/fp32 (in
     ``want_layout`` with OHWI filters when given)."""
-    if op_name(call) != "relax.nn.conv2d":
+    if not conv2d_in(call, DTYPES, want_layout):
         return False
-    a = call.attrs
-    if int(a.groups) <= 1 or any(int(d) != 1 for d in a.dilation):
-        return False
-    if want_layout and (a.data_layout != want_layout or a.kernel_layout != "OHWI"
-                        or a.out_layout not in ("", want_layout)):
-        return False
-    x, w = call.args
-    if x.ty.dtype not in DTYPES or w.ty.dtype != x.ty.dtype:
-        return False
-    return static_shape(x) is not None and static_shape(w) is not None
+    return int(call.attrs.groups) > 1 and all(int(d) == 1 for d in call.attrs.dilation)
 
 
 def count_grouped_convs(mod, want_layout: str | None = None) -> int:
