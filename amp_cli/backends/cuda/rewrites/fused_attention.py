@@ -9,10 +9,10 @@ with Q [B, H, S, D], K^T [B, H, D, S], V [B, H, S, D] all of one type T (fp16 or
 positive scalar scales anywhere on the way (on the scores, or ``sqrt(scale)`` on Q and on K as
 the HF/SDPA exports write it) and an optional additive mask M that broadcasts to [B, H, S, S]
 (padding [B, 1, 1, S], causal [S, S] or [1, 1, S, S], fp16 or fp32, computed or constant), and
-replaces O by one call of attention_kernel's fused kernel. The operands are read in place through their layout chains
-(``strided_view``: the head-split transposes, the dynamo exporter's reshape/transpose K^T,
-slices of a combined QKV projection), so the transpose kernels disappear too. An output
-transposed back (``permute(O, [0, 2, 1, 3])``, before the merge of the heads) is written in that
+replaces O by one call of a fused attention kernel. The operands are read in place through
+their layout chains (``strided_view``: the head-split transposes, the dynamo exporter's
+reshape/transpose K^T, slices and split items of a combined QKV projection), so the transpose
+kernels disappear too. An output transposed back (``permute(O, [0, 2, 1, 3])``, before the merge of the heads) is written in that
 layout directly.
 
 The kernel keeps the scores in fp32 from the GEMM through the mask and the softmax; the unfused
