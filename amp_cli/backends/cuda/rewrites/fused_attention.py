@@ -12,8 +12,8 @@ the HF/SDPA exports write it) and an optional additive mask M that broadcasts to
 replaces O by one call of a fused attention kernel. The operands are read in place through
 their layout chains (``strided_view``: the head-split transposes, the dynamo exporter's
 reshape/transpose K^T, slices and split items of a combined QKV projection), so the transpose
-kernels disappear too. An output transposed back (``permute(O, [0, 2, 1, 3])``, before the merge of the heads) is written in that
-layout directly.
+kernels disappear too. An output transposed back (``permute(O, [0, 2, 1, 3])``, before the
+merge of the heads) is written in that layout directly.
 
 The kernel keeps the scores in fp32 from the GEMM through the mask and the softmax; the unfused
 fp16 graph rounds them to fp16 once or twice on the way. Sequences up to 256 take the kernel
