@@ -125,6 +125,36 @@ def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
     return None
 
 
+def row_loader(T, head_dim: int, ld: int, dtype: str, guarded: bool):
+    """The TVMScript macro ``load_rows(dst, src, base, row_stride, vecs, tid, limit)`` both
+    attention kernels stage Q, K and V with: rows of ``head_dim`` values from ``src[base + row *
+    row_stride + d]`` into ``dst[row * ld + d]``, one 16-byte vector per thread and step,
+    ``vecs`` vectors in all; when ``guarded``, rows from ``limit`` on are zeros instead."""
+    D, LDH, DT, THREADS = head_dim, ld, dtype, WARPS * 32
+
+    @T.macro
+    def copy_row_vec(dst, src, base, row_stride, i):
+        for l in T.vectorized(VEC):
+            dst[i // (D // VEC) * LDH + i % (D // VEC) * VEC + l] = src[
+                base + i // (D // VEC) * row_stride + i % (D // VEC) * VEC + l]
+
+    @T.macro
+    def load_rows(dst, src, base, row_stride, vecs, tid, limit):
+        for it in T.serial((vecs + THREADS - 1) // THREADS):
+            if it * THREADS + tid < vecs:
+                if guarded:
+                    if (it * THREADS + tid) // (D // VEC) < limit:
+                        copy_row_vec(dst, src, base, row_stride, it * THREADS + tid)
+                    else:
+                        for l in T.vectorized(VEC):
+                            dst[(it * THREADS + tid) // (D // VEC) * LDH
+                                + (it * THREADS + tid) % (D // VEC) * VEC + l] = T.Cast(DT, 0)
+                else:
+                    copy_row_vec(dst, src, base, row_stride, it * THREADS + tid)
+
+    return load_rows
+
+
 def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
                    q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None = None,
                    dtype: str = "float16", nan_to_zero: bool = False):
@@ -163,12 +193,6 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
         mscale = float(mask.scale)
 
     @T.macro
-    def copy_row_vec(dst, src, base, row_stride, i):
-        for l in T.vectorized(VEC):
-            dst[i // (D // VEC) * LDH + i % (D // VEC) * VEC + l] = src[
-                base + i // (D // VEC) * row_stride + i % (D // VEC) * VEC + l]
-
-    @T.macro
     def store_row_vec(of, o_sh, red, b, h, q0, i):
         """Output row i // (D / VEC) of this CTA, vector i % (D / VEC): staged fp32 / row sum."""
         for l in T.vectorized(VEC):
@@ -188,21 +212,7 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
                     / (red[THREADS + i // (D // VEC) * 2]
                        + red[THREADS + i // (D // VEC) * 2 + 1]))
 
-    @T.macro
-    def load_rows(dst, src, base, row_stride, vecs, tid, limit):
-        """Rows of D values from ``src[base + row * row_stride + d]`` into ``dst[row * LDH + d]``,
-        one 16-byte vector per thread and step; rows from ``limit`` on are zeros (PADDED)."""
-        for it in T.serial((vecs + THREADS - 1) // THREADS):
-            if it * THREADS + tid < vecs:
-                if PADDED:
-                    if (it * THREADS + tid) // (D // VEC) < limit:
-                        copy_row_vec(dst, src, base, row_stride, it * THREADS + tid)
-                    else:
-                        for l in T.vectorized(VEC):
-                            dst[(it * THREADS + tid) // (D // VEC) * LDH
-                                + (it * THREADS + tid) % (D // VEC) * VEC + l] = T.Cast(DT, 0)
-                else:
-                    copy_row_vec(dst, src, base, row_stride, it * THREADS + tid)
+    load_rows = row_loader(T, D, LDH, DT, PADDED)
 
     @T.macro
     def body(qf, kf, vf, of, mf):

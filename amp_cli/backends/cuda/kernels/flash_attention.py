@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from .... import tvm_compat
 from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand, \
-    kernel_signature
+    kernel_signature, row_loader
 
 BLOCK_K = 64  # keys per tile
 
@@ -68,6 +68,7 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     THREADS = WARPS * 32
     HALF = BLOCK_K // 2               # score columns per lane in a tile
     DH = D // 2                       # output columns per lane
+    Q_VECS, KV_VECS = BLOCK_Q * D // VEC, BLOCK_K * D // VEC  # 16-byte vectors per load
     NEG = float("-inf")
     scale = float(scale)
 
@@ -79,22 +80,7 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         (mb, mh, mq, mk), m_off = mask.strides, mask.offset
         mscale = float(mask.scale)
 
-    @T.macro
-    def load_rows(dst, src, base, row_stride, rows, tid, limit):
-        """``rows`` rows of D values from ``src[base + row * row_stride + d]`` into
-        ``dst[row * LDH + d]``, 16-byte vectors; rows from ``limit`` on are zeros."""
-        for it in T.serial((rows * D // VEC + THREADS - 1) // THREADS):
-            if it * THREADS + tid < rows * D // VEC:
-                if (it * THREADS + tid) // (D // VEC) < limit:
-                    for l in T.vectorized(VEC):
-                        dst[(it * THREADS + tid) // (D // VEC) * LDH
-                            + (it * THREADS + tid) % (D // VEC) * VEC + l] = src[
-                            base + (it * THREADS + tid) // (D // VEC) * row_stride
-                            + (it * THREADS + tid) % (D // VEC) * VEC + l]
-                else:
-                    for l in T.vectorized(VEC):
-                        dst[(it * THREADS + tid) // (D // VEC) * LDH
-                            + (it * THREADS + tid) % (D // VEC) * VEC + l] = T.Cast(DT, 0)
+    load_rows = row_loader(T, D, LDH, DT, True)  # Q's last block, K/V's last tile
 
     @T.macro
     def body(qf, kf, vf, of, mf):
@@ -123,7 +109,7 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         tid = ty * 32 + tx
         r = ty * FRAG + tx // 2           # this lane pair's query row in the block
         # 1. Q once: global -> shared -> fragments held for every tile
-        load_rows(q_sh, qf, q_off + b * qb + h * qh + q0 * qs, qs, BLOCK_Q, tid, SEQ - q0)
+        load_rows(q_sh, qf, q_off + b * qb + h * qh + q0 * qs, qs, Q_VECS, tid, SEQ - q0)
         T.tvm_storage_sync("shared")
         for kk in T.serial(DF):
             T.tvm_load_matrix_sync(a_frag.data, 16, 16, 16, kk, T.tvm_access_ptr(
@@ -135,9 +121,9 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
             o_reg[j] = T.float32(0)
         for t in T.serial(NT):
             # 2. the tile's K and V rows, then this warp's 16 x 64 scores
-            load_rows(k_sh, kf, k_off + b * kb + h * kh + t * BLOCK_K * ks, ks, BLOCK_K, tid,
+            load_rows(k_sh, kf, k_off + b * kb + h * kh + t * BLOCK_K * ks, ks, KV_VECS, tid,
                       SEQ - t * BLOCK_K)
-            load_rows(v_sh, vf, v_off + b * vb + h * vh + t * BLOCK_K * vs, vs, BLOCK_K, tid,
+            load_rows(v_sh, vf, v_off + b * vb + h * vh + t * BLOCK_K * vs, vs, KV_VECS, tid,
                       SEQ - t * BLOCK_K)
             T.tvm_storage_sync("shared")
             for j in T.serial(KF):
