@@ -139,15 +139,16 @@ def _reshape(shape, strides, new_shape):
     return None if dims is None else _strides(dims)
 
 
-def _slice(dims, offset, factor, piece: _Piece):
-    """(dims, offset, factor) of the split item ``piece`` of the tensor they read."""
-    digits = _collapse(dims[piece.axis])
+def _slice(dims, offset, axis: int, begin: int, extent: int):
+    """(dims, offset) of ``extent`` elements from ``begin`` (negative: from the end) along
+    ``axis``, or None when that axis is not one stride."""
+    digits = _collapse(dims[axis])
     if len(digits) > 1:
         return None
-    stride = digits[0][1] if digits else 0
+    size, stride = digits[0] if digits else (1, 0)
     dims = [list(d) for d in dims]
-    dims[piece.axis] = [(piece.end - piece.begin, stride)]
-    return dims, offset + piece.begin * stride, factor
+    dims[axis] = [(extent, stride)]
+    return dims, offset + (begin % size if begin < 0 else begin) * stride
 
 
 def _step(dims, offset, factor, call):
@@ -167,15 +168,11 @@ def _step(dims, offset, factor, call):
         shape = static_shape(call)
         if None in (axes, begin, end, steps, shape) or any(s != 1 for s in steps):
             return None
-        dims = [list(d) for d in dims]
         for a, b in zip(axes, begin):
-            a = a % len(dims)
-            digits = _collapse(dims[a])
-            if len(digits) > 1:
+            sliced = _slice(dims, offset, a % len(dims), b, shape[a % len(dims)])
+            if sliced is None:
                 return None
-            extent, stride = digits[0] if digits else (1, 0)
-            offset += (b % extent if b < 0 else b) * stride
-            dims[a] = [(shape[a], stride)]
+            dims, offset = sliced
         return dims, offset, factor
     scaled = positive_scale(call)
     if scaled is not None and static_shape(call) == [math.prod(n for n, _ in d) for d in dims]:
@@ -244,8 +241,11 @@ def views(expr, lookup, max_depth: int = 8) -> list[View]:
             continue
         state = ([[(n, st)] for n, st in zip(shape, contiguous_strides(shape))], 0, 1.0)
         for i in range(depth - 1, -1, -1):
-            if isinstance(chain[i], tuple):
-                state = _slice(*state, chain[i][1])
+            if isinstance(chain[i], tuple):  # (item, _Piece): a split item
+                piece = chain[i][1]
+                sliced = _slice(state[0], state[1], piece.axis, piece.begin,
+                                piece.end - piece.begin)
+                state = None if sliced is None else (*sliced, state[2])
             else:
                 state = _step(*state, bound(chain[i], lookup))
             if state is None:
