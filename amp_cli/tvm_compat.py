@@ -594,6 +594,49 @@ def analyzer():
     return Analyzer()
 
 
+def size_value(x):
+    """A size of a shape as a Python int when it is a constant, else the PrimExpr itself."""
+    if isinstance(x, int):
+        return x
+    value = getattr(x, "value", None)
+    return int(value) if isinstance(value, int) else x
+
+
+def prove_equal(a, b) -> bool:
+    """Sizes ``a`` and ``b`` (ints or PrimExprs over shape variables) are equal for every value
+    of their variables."""
+    a, b = size_value(a), size_value(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return bool(analyzer().can_prove_equal(a, b))
+
+
+def prove_divisible(n, d) -> bool:
+    """Size ``d`` divides size ``n`` for every value of their variables."""
+    n, d = size_value(n), size_value(d)
+    if isinstance(n, int) and isinstance(d, int):
+        return d != 0 and n % d == 0
+    t = tvm()
+    return bool(analyzer().can_prove_equal(t.tirx.floormod(n, d), 0))
+
+
+def size_upper_bound(x, upper: dict[str, int]) -> int | None:
+    """The largest value of size ``x`` (products and sums of shape variables and positive
+    constants, so increasing in each variable) when each variable is at most ``upper[name]``;
+    None when a variable has no bound there."""
+    x = size_value(x)
+    if isinstance(x, int):
+        return x
+    t = tvm()
+    found = list(t.tirx.analysis.undefined_vars(x, []))
+    if any(str(v.name) not in upper for v in found):
+        return None
+    bound = analyzer()
+    for v in found:
+        bound.bind(v, t.tirx.const(upper[str(v.name)], str(v.ty)))
+    return size_value(bound.simplify(x))
+
+
 def buffer_load_class():
     """The class of TIR buffer loads (0.27: ``tvm.ir.TensorLoad``; ``tirx.BufferLoad`` is only a
     constructor function). Its ``source`` is the buffer (a buffer-typed Var)."""

@@ -23,7 +23,10 @@ case "$step" in
   tests)
     # fused attention (masks, padding, bf16, NaN guard), and the three tests that failed
     # on 2026-12-04 without a recorded cause (docs/reliability.md)
-    timeout 560 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider \
+    # each test builds its own kernels (CPU-bound): spread them over the cores when
+    # pytest-xdist is there (stage it with the other wheels)
+    par=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
+    timeout 560 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
       --junitxml="$OUT/gpu_tests.xml" \
       tests/backends/cuda/test_fused_attention.py \
       "tests/backends/cuda/test_cuda_safe_names.py::test_hostile_names_run_on_gpu" \

@@ -244,3 +244,6 @@ def test_cuda_codegen(bert_onnx):
     assert res.tensor_core_kernels > 0 and res.cuda_source_bytes > 0
     # main_optimum takes amp's static-shape rewrites (Q/K/V combined, NT GEMMs)
     assert res.graph_rewrites["combined_matmuls"] and res.graph_rewrites["matmuls_nt"]
+    # the attention core fuses in both copies: main_dynamic's over symbolic batch / sequence
+    assert res.graph_rewrites["attention_fused"] == 2
+    assert res.graph_rewrites["attention_unfused"] == 0

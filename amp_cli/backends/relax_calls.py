@@ -28,6 +28,15 @@ def static_shape(expr) -> list[int] | None:
     return out
 
 
+def shape_of(expr) -> list | None:
+    """The shape of a Relax expression, each dim an int or (symbolic) a PrimExpr over shape
+    variables; None when the rank or the shape is unknown."""
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not hasattr(shape, "values"):
+        return None
+    return [tvm_compat.size_value(v) for v in shape.values]
+
+
 def op_name(expr) -> str | None:
     """The op name of a Relax call (``"relax.matmul"``), None for anything else."""
     return getattr(getattr(expr, "op", None), "name", None)

@@ -465,3 +465,87 @@ def test_rows_masked_everywhere_on_gpu(nan_to_zero, flash):
         assert np.isnan(got[1]).all()
     ref = _reference(q[:1], k[:1], v[:1], 0.125)
     assert np.abs(got[:1] - ref).max() / np.abs(ref).max() < 4e-3
+
+
+def _symbolic_dims():
+    return tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("sequence", "int64")
+
+
+def _with_bounds(mod, **upper):
+    """``mod`` with ``main``'s ranges' upper bounds as a dynamic build records them."""
+    return tvm.IRModule({"main": mod["main"].with_attr("tir_var_upper_bound", upper)})
+
+
+@pytest.mark.parametrize("dynamo_kt", [False, True])
+def test_symbolic_batch_and_sequence_take_the_tiled_kernel(dynamo_kt):
+    """A dynamic model's attention (symbolic batch and sequence, the mask [B, 1, 1, S] fp32 as
+    HF exports it, the SDPA NaN guard): one call of the online-softmax kernel over symbolic
+    buffers; without upper bounds for the dims (int32 addressing unproven) it stays unfused."""
+    b, s = _symbolic_dims()
+    mod = _attention_module(b=b, s=s, h=4, d=64, mask=((b, 1, 1, s), "float32"),
+                            nan_guard=True, dynamo_kt=dynamo_kt)
+    new, fused, declined = fuse_attention(_with_bounds(mod, batch=32, sequence=512), 90)
+    assert (fused, declined) == (1, {})
+    assert _ops(new) == ["relax.call_tir", "relax.reshape"]
+    func = new[_kernel_call(new)[0].args[0]]
+    assert func.attrs["amp.kernel"] == "masked_flash_attention"
+    assert "T.Buffer((batch, sequence, 4, 64)" in func.script()  # q, k, v read in place
+
+    _, fused, declined = fuse_attention(mod, 90)
+    assert fused == 0 and list(declined) == [
+        "a symbolic size without an upper bound under 2**31 elements"]
+    # sizes whose product could pass 2**31 elements at the bounds: not fused either
+    _, fused, _ = fuse_attention(_with_bounds(mod, batch=1 << 16, sequence=1 << 16), 90)
+    assert fused == 0
+
+
+def _symbolic_kernel(dtype="float16"):
+    b, s = _symbolic_dims()
+    h, d = 4, 64
+    opnd = ak.bshd(b, h, s, d)
+    mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s))
+    return fk.flash_attention_func(b, h, s, d, 0.125, opnd, opnd, opnd, opnd, mask, dtype,
+                                   True)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_symbolic_kernel_compiles(arch, monkeypatch):
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    mod = tvm.IRModule({"attention": _symbolic_kernel().with_attr("global_symbol", "attention")})
+    lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
+    src = lib.mod.imports[0].inspect_source()
+    assert src.count("wmma::mma_sync") == 2 and src.count("mf_ptr[") == 32
+    for mode in ("nvrtc", "nvcc"):
+        assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("io", ["float16", "bfloat16"])
+def test_symbolic_kernel_matches_float64_at_every_shape_on_gpu(io):
+    """One compiled symbolic kernel run at several (batch, sequence), partial tiles and a
+    padding mask included, each against float64."""
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+
+    dev = tvm.cuda(0)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(
+        ".", "")})
+    mod = tvm.IRModule({"attention": _symbolic_kernel(io).with_attr("global_symbol",
+                                                                    "attention")})
+    lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
+    h, d = 4, 64
+    dev_t = _device_tensor(io, dev)
+    for b, s in [(1, 16), (3, 77), (2, 128), (1, 333), (4, 64)]:
+        rng = np.random.default_rng(b * 1000 + s)
+        m = _mask_values("padding", b, h, s, "float32", rng) if s > 7 * b else \
+            np.zeros((b, 1, 1, s), "float32")
+        q, k, v = (np.round(rng.uniform(-2, 2, (b, h, s, d)) * 64) / 64 for _ in range(3))
+        out = dev_t(np.zeros((b, s, h, d)))
+        lib["attention"](*(dev_t(x.transpose(0, 2, 1, 3).copy()) for x in (q, k, v)),
+                         tvm.runtime.tensor(m, dev), out)
+        got = _host(out, io).transpose(0, 2, 1, 3)
+        ref = _reference(q, k, v, 0.125, np.broadcast_to(m, (b, h, s, s)))
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert np.isfinite(got).all() and err < (4e-3 if io == "float16" else 2.5e-2), (b, s, err)

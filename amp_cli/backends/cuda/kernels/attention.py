@@ -82,20 +82,34 @@ class Mask:
     scale: float = 1.0
 
 
+def index32(x):
+    """``x`` as the kernels compute addresses: a Python int as is, a symbolic size (int64, as
+    Relax's shape variables are) as an int32 expression. Every tensor an attention kernel reads
+    has fewer than 2**31 elements (``attention_fits_int32``)."""
+    if isinstance(x, int):
+        return x
+    value = getattr(x, "value", None)
+    if isinstance(value, int):
+        return value
+    tvm = tvm_compat.tvm()
+    return x if str(x.ty) == "int32" else tvm.tirx.Cast("int32", x)
+
+
 def broadcast_mask(shape, dtype: str, full: tuple, scale: float = 1.0) -> Mask | None:
     """The Mask reading a contiguous ``shape`` tensor broadcast (right-aligned, numpy rules) to
-    ``full`` = (B, H, S, S), or None when it does not broadcast to it."""
-    shape = [int(x) for x in shape]
+    ``full`` = (B, H, S, S), or None when it does not broadcast to it. Sizes may be symbolic
+    (a dynamic batch or sequence): a dim broadcasts when it is provably 1 or equal."""
+    shape = [tvm_compat.size_value(x) for x in shape]
     if len(shape) > 4:
         return None
     padded = [1] * (4 - len(shape)) + shape
     strides, step = [0] * 4, 1
     for i in reversed(range(4)):
-        if padded[i] == full[i]:
-            strides[i] = step if full[i] > 1 else 0
-        elif padded[i] != 1:
+        if tvm_compat.prove_equal(padded[i], full[i]):
+            strides[i] = 0 if tvm_compat.prove_equal(full[i], 1) else step
+        elif not tvm_compat.prove_equal(padded[i], 1):
             return None
-        step *= padded[i]
+        step = step * padded[i]
     return Mask(tuple(shape), dtype, tuple(strides), 0, float(scale))
 
 

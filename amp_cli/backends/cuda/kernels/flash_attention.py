@@ -24,7 +24,7 @@ from __future__ import annotations
 
 
 from .... import tvm_compat
-from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand, \
+from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand, index32, \
     kernel_signature, row_loader
 
 BLOCK_K = 64  # keys per tile
@@ -59,10 +59,12 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     T = tvm_compat.tvmscript_tir()
     DT = dtype
 
-    B, H, SEQ, D = batch, heads, seq, head_dim
-    NQB = -(-SEQ // BLOCK_Q)          # query blocks
-    NT = -(-SEQ // BLOCK_K)           # key tiles
-    PARTIAL = SEQ % BLOCK_K != 0      # the last tile / query block has rows past SEQ
+    i32 = index32
+    B, H, SEQ, D = i32(batch), heads, i32(seq), head_dim
+    NQB = (SEQ + BLOCK_Q - 1) // BLOCK_Q   # query blocks
+    NT = (SEQ + BLOCK_K - 1) // BLOCK_K    # key tiles
+    # the last tile / query block has rows past SEQ (always possible for a symbolic SEQ)
+    PARTIAL = not isinstance(SEQ, int) or SEQ % BLOCK_K != 0
     LDH, LDS, LDP, LDO = D + PAD_H, BLOCK_K + PAD_F, BLOCK_K + PAD_H, D + PAD_F
     DF, KF = D // FRAG, BLOCK_K // FRAG
     THREADS = WARPS * 32
@@ -73,11 +75,11 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     scale = float(scale)
 
     (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
-        q.strides, k.strides, v.strides, out.strides)
-    q_off, k_off, v_off, o_off = q.offset, k.offset, v.offset, out.offset
+        tuple(i32(x) for x in o.strides) for o in (q, k, v, out))
+    q_off, k_off, v_off, o_off = (i32(o.offset) for o in (q, k, v, out))
     MASKED = mask is not None
     if MASKED:
-        (mb, mh, mq, mk), m_off = mask.strides, mask.offset
+        (mb, mh, mq, mk), m_off = (i32(x) for x in mask.strides), i32(mask.offset)
         mscale = float(mask.scale)
 
     load_rows = row_loader(T, D, LDH, DT, True)  # Q's last block, K/V's last tile

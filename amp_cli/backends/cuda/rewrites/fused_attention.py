@@ -21,20 +21,30 @@ that holds whole score rows on chip; longer ones (or ones whose buffers exceed t
 memory) the online-softmax kernel over 64-key tiles (``kernels/flash_attention.py``). Shapes
 neither serves (head dims not a multiple of 16, a mask that does not broadcast) keep the
 unfused path and are counted.
+
+A dynamic model's attention (symbolic batch and sequence, as in a dynamic build's
+``main_dynamic``) fuses too: the head count and head dim must be constants, the batch and the
+sequence may be any sizes the layout chains prove (``strided_view``), and the online-softmax
+kernel serves every sequence length with its guards always on. The kernels address in int32,
+so every tensor they touch must stay under 2**31 elements at the upper bounds of the model's
+ranges (``tir_var_upper_bound``); without a bound the core stays unfused.
 """
 from __future__ import annotations
 
+import math
+
 from .... import tvm_compat
+from ....dims import module_ranges
 from ....hardware import smem_limit
 from ..kernels import attention as ak
 from ..kernels import flash_attention as fk
 from ..registry import register
-from .base import add_counts, calls, module_pass, op_name, rewrite_calls, static_shape
-from .matmul_nt import permutation
+from .base import add_counts, calls, module_pass, op_name, rewrite_calls, shape_of
 from .strided_view import bound as _bound
 from .strided_view import positive_scale, scalar, views
 
 FLOATS = ("float16", "bfloat16", "float32")
+INT32_ELEMENTS = 2 ** 31  # the kernels' address arithmetic is int32
 HEADS_FIRST = [0, 2, 1, 3]      # [B, S, H, D] <-> [B, H, S, D]
 
 
@@ -93,12 +103,25 @@ def _nan_guarded(call, lookup):
     return x if scalar(a) == 0.0 and b.same_as(x) else None
 
 
+def _same(xs, ys) -> bool:
+    """Two shapes (ints or symbolic sizes) provably equal dim by dim."""
+    return len(xs) == len(ys) and all(tvm_compat.prove_equal(x, y) for x, y in zip(xs, ys))
+
+
+def _aligned(x) -> bool:
+    return tvm_compat.prove_divisible(x, ak.VEC)
+
+
 def _permutation(expr, lookup) -> tuple:
-    """(source, axes) when ``expr`` is (bound to) a static-shape permute_dims, else
+    """(source, axes) when ``expr`` is (bound to) a permute_dims, else
     (expr, None)."""
     call = _bound(expr, lookup)
-    axes = permutation(call) if call is not None else None
-    return (call.args[0], axes) if axes is not None else (expr, None)
+    if call is None or op_name(call) != "relax.permute_dims":
+        return expr, None
+    rank = len(shape_of(call.args[0]) or [])
+    axes = call.attrs.axes
+    axes = list(range(rank))[::-1] if axes is None else [int(a) for a in axes]
+    return (call.args[0], axes) if rank >= 2 else (expr, None)
 
 
 def _operand(expr, lookup, dims, transposed: bool, scalable: bool = True):
@@ -112,16 +135,17 @@ def _operand(expr, lookup, dims, transposed: bool, scalable: bool = True):
         if view.source.ty.dtype != dtype or (not scalable and view.factor != 1.0):
             continue
         if transposed:
-            if list(view.shape) != [b, h, d, s]:
+            if not _same(view.shape, [b, h, d, s]):
                 continue
             sb, sh, sd, ss = view.strides
         else:
-            if list(view.shape) != [b, h, s, d]:
+            if not _same(view.shape, [b, h, s, d]):
                 continue
             sb, sh, ss, sd = view.strides
-        if sd != 1 or any(x % ak.VEC for x in (sb, sh, ss, view.offset)):
+        if not tvm_compat.prove_equal(sd, 1) or not all(
+                _aligned(x) for x in (sb, sh, ss, view.offset)):
             continue
-        shape = tuple(int(x) for x in static_shape(view.source))
+        shape = tuple(shape_of(view.source))
         return view.source, ak.Operand(shape, (sb, sh, ss), view.offset), view.factor
     return None
 
@@ -129,29 +153,41 @@ def _operand(expr, lookup, dims, transposed: bool, scalable: bool = True):
 def _mask(mask, dims, mask_factor):
     """The kernel's Mask for the additive mask tensor ``mask``, else (None, why)."""
     b, h, s, _ = dims
-    shape = static_shape(mask)
+    shape = shape_of(mask)
     dtype = mask.ty.dtype
     if shape is None or dtype not in FLOATS:
-        return None, "the attention mask is not a static-shape fp16/fp32 tensor"
+        return None, "the attention mask is not an fp16/fp32 tensor of known rank"
     m = ak.broadcast_mask(shape, dtype, (b, h, s, s), mask_factor)
     if m is None:
         return None, f"the attention mask {shape} does not broadcast to {[b, h, s, s]}"
     return m, None
 
 
-def plan(seq: int, head_dim: int, smem_limit_kib: int) -> tuple:
+def plan(seq, head_dim: int, smem_limit_kib: int) -> tuple:
     """(flash, None): the kernel for this shape -- the row kernel (flash False) where it
-    serves, else the online-softmax one over key tiles -- or (None, why neither does)."""
-    why = ak.supported(seq, head_dim, smem_limit_kib)
+    serves, else the online-softmax one over key tiles (always for a symbolic ``seq``) -- or
+    (None, why neither does)."""
+    why = ak.supported(seq, head_dim, smem_limit_kib) if isinstance(seq, int) else "symbolic"
     if why is None:
         return False, None
     why_flash = fk.supported(head_dim, smem_limit_kib)
     return (True, None) if why_flash is None else (None, why_flash)
 
 
-def match(call, lookup, smem_limit_kib: int):
+def _fits_int32(sizes, upper: dict) -> bool:
+    """Every size (element counts, possibly symbolic) is under 2**31 at the ranges' upper
+    bounds ``upper`` ({dim name: max}); False when a dim has none."""
+    for n in sizes:
+        top = tvm_compat.size_upper_bound(n, upper)
+        if not isinstance(top, int) or top >= INT32_ELEMENTS:
+            return False
+    return True
+
+
+def match(call, lookup, smem_limit_kib: int, upper: dict | None = None):
     """(q, k, v tensors, params dict) when ``call`` ends an attention core this pass fuses,
-    (None, reason) when it is one the kernel cannot serve, None when it is no attention."""
+    (None, reason) when it is one the kernel cannot serve, None when it is no attention.
+    ``upper``: the upper bounds of the module's symbolic dims ({name: max})."""
     if op_name(call) == "relax.astype" and str(call.attrs.dtype) in ak.DTYPES:
         pv = _bound(call.args[0], lookup)
     elif op_name(call) == "relax.matmul" and call.ty.dtype in ak.DTYPES:
@@ -172,13 +208,15 @@ def match(call, lookup, smem_limit_kib: int):
         return None
     qk, scale, mask, mask_factor = found
     q, kt = qk.args
-    shapes = [static_shape(x) for x in (q, kt, v)]
+    shapes = [shape_of(x) for x in (q, kt, v)]
     dtype = q.ty.dtype
     if any(s is None or len(s) != 4 for s in shapes) or p.ty.dtype != dtype:
         return None
     (b, h, s, d), (_, _, d2, s2), vs = shapes
-    if shapes[1][:2] != [b, h] or d2 != d or s2 != s or vs != [b, h, s, d]:
+    if not (_same(shapes[1], [b, h, d, s]) and _same(vs, [b, h, s, d])):
         return None
+    if not (isinstance(h, int) and isinstance(d, int)):
+        return None, "the head count or head dim is symbolic"
     if dtype not in ak.DTYPES or any(x.ty.dtype != dtype for x in (kt, v)) or \
             (call.ty.dtype != dtype):
         return None
@@ -195,6 +233,11 @@ def match(call, lookup, smem_limit_kib: int):
            _operand(v, lookup, dims, False, scalable=False)]
     if any(o is None for o in ops):
         return None, "K^T is not a transpose of a tensor with the head dim innermost"
+    symbolic = not all(isinstance(x, int) for x in (b, s))
+    if symbolic and not _fits_int32(
+            [math.prod(o[1].shape) for o in ops] + [b * h * s * d]
+            + ([math.prod(kmask.shape)] if kmask is not None else []), upper or {}):
+        return None, "a symbolic size without an upper bound under 2**31 elements"
     scale *= ops[0][2] * ops[1][2]  # sqrt(scale) on Q and on K (HF / SDPA exports)
     params = {"dims": dims, "scale": scale, "operands": tuple(o[1] for o in ops),
               "mask": kmask, "dtype": dtype, "nan_to_zero": guarded is not None,
@@ -208,14 +251,16 @@ def fuse_attention(mod, sm: int):
 
     relax = tvm_compat.relax()
     limit = smem_limit(sm)
+    upper = {name: r.hi for name, r in module_ranges(mod).items()}
     funcs: dict = {}      # kernel parameters -> GlobalVar (one PrimFunc per distinct shape)
     made: dict = {}       # name of a fused kernel -> its params, to re-layout its output
     declined: dict = {}
 
     def emit(bb, tensors, params, out: ak.Operand):
         b, h, s, d = params["dims"]
-        key = (params["dims"], params["scale"], params["operands"], params["mask"],
-               params["dtype"], params["nan_to_zero"], params["flash"], out)
+        # as text: symbolic sizes are PrimExprs, whose == builds an expression
+        key = repr((params["dims"], params["scale"], params["operands"], params["mask"],
+                    params["dtype"], params["nan_to_zero"], params["flash"], out))
         if key not in funcs:
             make = fk.flash_attention_func if params["flash"] else ak.attention_func
             func = make(b, h, s, d, params["scale"], *params["operands"], out, params["mask"],
@@ -234,7 +279,7 @@ def fuse_attention(mod, sm: int):
                     and inner.args[0].name_hint in made):
                 params = made[inner.args[0].name_hint]
                 return emit(bb, list(inner.args[1].fields), params, ak.bshd(*params["dims"]))
-        found = match(call, lookup, limit)
+        found = match(call, lookup, limit, upper)
         if found is None:
             return None
         tensors, params = found

@@ -14,6 +14,11 @@ with the view (shape, element strides, offset) that reads ``expr`` from it; the 
 later reshape splits them again (the dynamo exporter's K^T merges B and H, transposes and
 splits them back); at the end every dim must be one stride, else that source is not a view
 and the search starts higher up the chain.
+
+Sizes, strides and offsets may be symbolic (PrimExprs over a dynamic model's shape variables:
+``batch``, ``sequence``): sizes are compared and divided only where TVM's arithmetic analyzer
+proves the relation for every value of the variables, so a symbolic chain is a view exactly
+when it is one at every shape; a digit is split only at constant sizes.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from .... import tvm_compat
-from .base import op_name, static_shape
+from .base import op_name, shape_of
 
 SCALES = ("relax.multiply", "relax.divide")
 
@@ -37,11 +42,19 @@ class View:
     factor: float = 1.0
 
 
+def _is(a, b) -> bool:
+    return tvm_compat.prove_equal(a, b)
+
+
+def _all_are(xs, ys) -> bool:
+    return len(xs) == len(ys) and all(_is(x, y) for x, y in zip(xs, ys))
+
+
 def contiguous_strides(shape) -> tuple:
     out, step = [], 1
     for n in reversed(shape):
         out.append(step)
-        step *= int(n)
+        step = step * n
     return tuple(reversed(out))
 
 
@@ -86,9 +99,9 @@ def _collapse(digits) -> list:
     """Mixed-radix digits (outer first) with neighbours that form one stride merged."""
     out = []
     for n, st in digits:
-        if n == 1:
+        if _is(n, 1):
             continue
-        if out and out[-1][1] == n * st:
+        if out and _is(out[-1][1], n * st):
             out[-1] = (out[-1][0] * n, st)
         else:
             out.append((n, st))
@@ -97,27 +110,27 @@ def _collapse(digits) -> list:
 
 def _regroup(dims, new_shape):
     """The digits of ``dims`` (a list of digit lists) regrouped into ``new_shape``, splitting a
-    digit where a new dim ends inside it; None when sizes do not divide."""
-    flat = [d for dim in dims for d in dim if d[0] != 1]
+    digit where a new dim ends inside it (constant sizes only); None when sizes do not
+    divide."""
+    flat = [d for dim in dims for d in dim if not _is(d[0], 1)]
     out = []
-    for m in (int(x) for x in new_shape):
+    for m in (tvm_compat.size_value(x) for x in new_shape):
         group, size = [], 1
-        while size < m:
+        while not _is(size, m):
             if not flat:
                 return None
             n, st = flat.pop(0)
-            if size * n <= m:
+            if tvm_compat.prove_divisible(m, size * n):  # the digit ends inside this dim
                 group.append((n, st))
-                size *= n
-            elif n % (m // size) == 0 and m % size == 0:  # split: the outer part ends here
+                size = size * n
+            elif (all(isinstance(x, int) for x in (m, size, n)) and m % size == 0
+                  and n % (m // size) == 0):  # split: the outer part ends here
                 outer = m // size
                 group.append((outer, st * (n // outer)))
                 flat.insert(0, (n // outer, st))
                 size = m
             else:
                 return None
-        if size != m:
-            return None
         out.append(group)
     return out if not flat else None
 
@@ -135,7 +148,7 @@ def _strides(dims) -> tuple | None:
 def _reshape(shape, strides, new_shape):
     """Strides of ``new_shape`` over the elements ``shape``/``strides`` address, in order, or
     None when that is not one strided view (``torch.Tensor.view``'s rule)."""
-    dims = _regroup([[(int(n), int(s))] for n, s in zip(shape, strides)], new_shape)
+    dims = _regroup([[(n, s)] for n, s in zip(shape, strides)], new_shape)
     return None if dims is None else _strides(dims)
 
 
@@ -148,7 +161,7 @@ def _slice(dims, offset, axis: int, begin: int, extent: int):
     size, stride = digits[0] if digits else (1, 0)
     dims = [list(d) for d in dims]
     dims[axis] = [(extent, stride)]
-    return dims, offset + (begin % size if begin < 0 else begin) * stride
+    return dims, offset + (begin + size if begin < 0 else begin) * stride
 
 
 def _step(dims, offset, factor, call):
@@ -159,13 +172,13 @@ def _step(dims, offset, factor, call):
         axes = list(range(len(dims)))[::-1] if axes is None else [int(a) for a in axes]
         return [dims[a] for a in axes], offset, factor
     if name == "relax.reshape":
-        shape = static_shape(call)
+        shape = shape_of(call)
         new = None if shape is None else _regroup(dims, shape)
         return None if new is None else (new, offset, factor)
     if name == "relax.strided_slice":
         axes, begin, end = (_ints(x) for x in call.args[1:4])
         steps = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or [])
-        shape = static_shape(call)
+        shape = shape_of(call)
         if None in (axes, begin, end, steps, shape) or any(s != 1 for s in steps):
             return None
         for a, b in zip(axes, begin):
@@ -175,7 +188,8 @@ def _step(dims, offset, factor, call):
             dims, offset = sliced
         return dims, offset, factor
     scaled = positive_scale(call)
-    if scaled is not None and static_shape(call) == [math.prod(n for n, _ in d) for d in dims]:
+    if scaled is not None and _all_are(shape_of(call) or [],
+                                       [math.prod(n for n, _ in d) for d in dims]):
         return dims, offset, factor * scaled[1]
     return None
 
@@ -201,13 +215,15 @@ def _split_piece(expr, lookup) -> _Piece | None:
     if not isinstance(item, tvm_compat.tvm().ir.expr.TupleGetItem):
         return None
     split = bound(item.tuple_value, lookup)
-    shape = static_shape(split.args[0]) if split is not None and \
+    shape = shape_of(split.args[0]) if split is not None and \
         op_name(split) == "relax.split" else None
     if shape is None:
         return None
     axis = int(split.attrs.axis) % len(shape)
     sections = split.attrs.indices_or_sections
     n = shape[axis]
+    if not isinstance(n, int):
+        return None
     if hasattr(sections, "value"):  # equal sections
         k = int(sections.value)
         bounds = [n * i // k for i in range(k + 1)] if n % k == 0 else None
@@ -236,7 +252,7 @@ def views(expr, lookup, max_depth: int = 8) -> list[View]:
     out = []
     for depth in range(len(chain) - 1, -1, -1):
         src = chain[depth][0] if isinstance(chain[depth], tuple) else chain[depth]
-        shape = static_shape(src)
+        shape = shape_of(src)
         if shape is None:
             continue
         state = ([[(n, st)] for n, st in zip(shape, contiguous_strides(shape))], 0, 1.0)
@@ -252,5 +268,5 @@ def views(expr, lookup, max_depth: int = 8) -> list[View]:
                 break
         strides = None if state is None else _strides(state[0])
         if strides is not None:
-            out.append(View(src, tuple(static_shape(expr)), strides, state[1], state[2]))
+            out.append(View(src, tuple(shape_of(expr)), strides, state[1], state[2]))
     return out
