@@ -59,17 +59,24 @@ def name_kernels_pass():
     return _pass
 
 
-def build_context(target, cuda: CudaConfig | None = None, stats: dict | None = None):
-    return registry.BuildContext(target, arch_sm(target), cuda or CudaConfig(), stats)
+def build_context(target, cuda: CudaConfig | None = None, stats: dict | None = None,
+                  dims: dict | None = None):
+    return registry.BuildContext(target, arch_sm(target), cuda or CudaConfig(), stats,
+                                 dict(dims or {}))
+
+
+def optimum_sizes(mod) -> dict:
+    """{symbolic dim: its range's optimum} of a dynamic module (empty for a static one)."""
+    return {name: r.optimum for name, r in module_ranges(mod).items()}
 
 
 def cuda_schedule_passes(target, rule_failures: list | None = None,
-                         cuda: CudaConfig | None = None) -> list:
+                         cuda: CudaConfig | None = None, dims: dict | None = None) -> list:
     """dlight's ApplyDefaultSchedule with amp's registered rules (``rules/``), each wrapped so
     that one that raises is skipped (and recorded in ``rule_failures``), then dlight's Fallback,
-    whose errors are real errors."""
+    whose errors are real errors. ``dims``: :func:`optimum_sizes` of a dynamic module."""
     dl = tvm_compat.dlight()
-    made = registry.made("rule", build_context(target, cuda))
+    made = registry.made("rule", build_context(target, cuda, dims=dims))
     rules = [fallible(r, rule_failures) for r in made]
     named = [name_kernels_pass()] if rule_failures is not None else []
     return named + [dl.ApplyDefaultSchedule(*rules, dl.gpu.Fallback())]
@@ -124,7 +131,8 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
                       + registry.made("tir", ctx))
             if not stop_before_schedule:
                 passes += (list(extra_schedule_passes or [])
-                           + cuda_schedule_passes(target, rule_failures, cuda)
+                           + cuda_schedule_passes(target, rule_failures, cuda,
+                                                  optimum_sizes(mod))
                            + cuda_pipe.dataflow_lower_passes(target)
                            + cuda_pipe.finalize_passes(target))
             return tvm.transform.Sequential(passes)(mod)

@@ -11,7 +11,7 @@ in ``pipeline.py``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 STAGES = ("graph", "tir", "rule")  # Relax before LegalizeOps | PrimFuncs after FuseTIR | dlight
@@ -25,6 +25,9 @@ class BuildContext:
     sm: int  # its SM version (hardware.arch_sm)
     cuda: Any  # the config.CudaConfig of this build
     stats: dict | None  # counts for the build report (None: not collected)
+    # {symbolic dim name: the size to optimize for} of a dynamic module (its ranges' optima):
+    # a kernel that serves every size picks its tiles for this one
+    dims: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

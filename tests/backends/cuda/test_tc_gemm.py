@@ -313,3 +313,90 @@ def test_guarded_strided_copy_matches_fp32_reference():
     ref = a.astype("float32") @ b.astype("float32")
     out = _run(_strided_b_schedule(), [a, b], (256, 256), "float16").astype("float32")
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
+# ------------------------------------------------------------------ symbolic M (dynamic models)
+def _symbolic_m_gemm(n=256, k=128, dtype="float16"):
+    """A dynamic model's linear layer after matmul_nt: D[batch, sequence, N] = A[batch,
+    sequence, K] @ W[N, K]^T + bias, batch and sequence symbolic."""
+    from tvm import te
+
+    bsz, seq = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("sequence", "int64")
+    n, k = (tvm.tirx.const(x, "int64") for x in (n, k))  # Relax's shapes are int64
+    a = te.placeholder((bsz, seq, k), dtype, name="A")
+    w = te.placeholder((n, k), dtype, name="W")
+    bias = te.placeholder((n,), "float32", name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((bsz, seq, n), lambda b, s, j: te.sum(
+        a[b, s, r].astype("float32") * w[j, r].astype("float32"), axis=r), name="C")
+    d = te.compute((bsz, seq, n), lambda *ix: (c(*ix) + bias[ix[-1]]).astype(dtype), name="D")
+    return te.create_prim_func([a, w, bias, d]).with_attr("global_symbol", "main")
+
+
+def test_symbolic_m_takes_the_own_schedule_with_the_tile_of_the_optimum():
+    """M = batch x sequence symbolic, N and K static: amp's cp.async schedule (M padded at run
+    time), the tile chosen for M at the ranges' optima; N or K symbolic: not amp's."""
+    func = _symbolic_m_gemm()
+    assert gemm_shape(func)[3] == [None, 256, 128]
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        sch = AmpMatmul(dims={"batch": 32, "sequence": 512}).apply(func, target, False)
+    src = tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
+    assert "cp.async" in src and "mma_sync" in src
+    # the tile follows M at the optima: 16384 rows fill the GPU with the largest tile,
+    # 8 rows (no bound known: a mid-size guess) do not
+    from amp_cli.backends.cuda.rules import matmul as mm
+
+    seen = []
+    real = tc_gemm.schedule_gemm
+
+    def spy(func, in_dtype, acc, batch, sizes, sm, cfg=None, rows="same"):
+        seen.append((sizes[0], rows))
+        return real(func, in_dtype, acc, batch, sizes, sm, cfg, rows)
+
+    tc_gemm.schedule_gemm, saved = spy, tc_gemm.schedule_gemm
+    try:
+        info = gemm_shape(func)
+        mm._own_schedule(func, "float16", info, 90, {"batch": 32, "sequence": 512})
+        mm._own_schedule(func, "float16", info, 90, {})
+    finally:
+        tc_gemm.schedule_gemm = saved
+    assert seen == [(32 * 512, None), (mm.SYMBOLIC_M_GUESS, None)]
+
+
+def test_symbolic_m_gemm_compiles_with_nvrtc_and_nvcc(monkeypatch):
+    from fixtures.cuda_compile import compile_like_tvm
+
+    func = _symbolic_m_gemm(n=192, k=72)  # ragged N and K too
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        sch = AmpMatmul(dims={"batch": 8, "sequence": 128}).apply(func, target, False)
+    src = tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
+    assert "cp.async" in src
+    for mode in ("nvrtc", "nvcc"):
+        assert len(compile_like_tvm(src, mode, "sm_90", monkeypatch)) > 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dims", [{"batch": 8, "sequence": 128}, {}])
+def test_symbolic_m_gemm_matches_fp32_reference_at_every_m(dims):
+    """One compiled symbolic-M kernel at M from 1 row to several tiles, ragged ones included:
+    rel L2 vs numpy fp32 below 2e-3 (a wrong pad or predicate gives O(1) or garbage rows)."""
+    sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
+    target = tvm.target.Target({"kind": "cuda", "arch": f"sm_{sm}"})
+    func = _symbolic_m_gemm(n=192, k=72)
+    with target:
+        sch = AmpMatmul(dims=dims).apply(func, target, False)
+    dev = tvm.cuda(0)
+    ex = build(sch.mod["main"], f"sm_{sm}")
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((192, 72)).astype("float16")
+    bias = rng.standard_normal(192).astype("float32")
+    for b, s in [(1, 1), (1, 16), (3, 77), (8, 128), (5, 333)]:
+        a = rng.standard_normal((b, s, 72)).astype("float16")
+        ref = a.astype("float32") @ w.astype("float32").T + bias
+        out = tvm.runtime.empty((b, s, 192), "float16", dev)
+        ex(*(tvm.runtime.tensor(x, dev) for x in (a, w, bias)), out)
+        got = out.numpy().astype("float32")
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (b, s)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from .... import tvm_compat
 
 
-def gemm_shape(func):
+def gemm_shape(func, symbolic: bool = False):
     """(dtype_in, dtype_out, batch, [M, N, K]) of a matmul-like PrimFunc, static extents as ints
-    and dynamic ones as None, or None when it is not one (the analysis dlight's rules use)."""
+    and dynamic ones as None (``symbolic``: as their PrimExprs), or None when it is not one (the
+    analysis dlight's rules use)."""
     tvm = tvm_compat.tvm()
     get_root_block = tvm_compat.dlight_analysis().get_root_block
     dm = tvm_compat.dlight_matmul()
@@ -27,7 +28,8 @@ def gemm_shape(func):
         in_dtype, out_dtype = dm.get_in_out_dtypes(block)
     except Exception:  # noqa: BLE001 - not a GEMM dlight understands
         return None
-    sizes = [int(e.value) if hasattr(e, "value") else None for e in list(extents)]
+    sizes = [int(e.value) if hasattr(e, "value") else (e if symbolic else None)
+             for e in list(extents)]
     return str(in_dtype), str(out_dtype), sizes[0], sizes[1:]
 
 

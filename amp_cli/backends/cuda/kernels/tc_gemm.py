@@ -272,9 +272,11 @@ def normalize_gemm(sch, main):
 
 
 def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: int,
-                  cfg: TileConfig | None = None):
-    """amp's schedule for a static-shape GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``),
-    or None where it does not apply (no fitting tile, rows too misaligned for cp.async)."""
+                  cfg: TileConfig | None = None, rows="same"):
+    """amp's schedule for a GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``), or None where
+    it does not apply (no fitting tile, rows too misaligned for cp.async). ``sizes`` are the
+    extents the tile is chosen for; ``rows``: the real M when that differs (None: symbolic, M is
+    padded to whole tiles at run time)."""
     m, n, k = sizes
     acc_bytes = 2 if acc_dtype == "float16" else 4
     cfg = cfg or choose_config(batch, m, n, k, sm, acc_bytes)
@@ -284,7 +286,8 @@ def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: in
     load_vec = _widest(k, 8)
     if load_vec < 2:
         return None
-    return schedule(func, in_dtype, acc_dtype, sizes, sm, cfg, load_vec=load_vec,
+    real = list(sizes) if rows == "same" else [rows, n, k]
+    return schedule(func, in_dtype, acc_dtype, real, sm, cfg, load_vec=load_vec,
                     store_vec=_widest(n, 4))
 
 

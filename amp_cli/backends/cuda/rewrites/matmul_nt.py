@@ -8,10 +8,11 @@ transformer) has N innermost, so the copies along K are strided: slow scalar gat
 TVM 0.27's ``InjectPTXAsyncCopy`` turns a strided vector copy into one 16-byte ``cp.async`` from
 the first address (wrong data, and ``cudaErrorMisalignedAddress`` on the H200 for bert-large).
 
-This Relax pass rewrites, for fp16/bf16 static-shape ``relax.matmul`` calls:
+This Relax pass rewrites, for fp16/bf16 ``relax.matmul`` calls:
 
 - ``matmul(x, W)`` with a 2-D constant ``W[K, N]`` -> an NT GEMM on the constant ``W^T[N, K]``
-  (transposed once at compile time, like conv_gemm's weights);
+  (transposed once at compile time, like conv_gemm's weights); ``x``'s leading dims may be
+  symbolic (a dynamic model's [batch, sequence, K] activations), its K must be static;
 - ``matmul(a, permute_dims(x, p))`` (attention's ``q @ k^T`` and ``p @ v``, whose operands come
   out of head-split transposes) -> an NT GEMM on ``permute_dims(x, p')``, ``p'`` being ``p`` with
   its last two axes swapped: the transpose kernel that materialized ``B`` now materializes
@@ -30,7 +31,7 @@ from ....dtypes import LOW_TYPES
 from ..kernels import hopper_gemm
 from ..kernels import tc_gemm
 from ..registry import register
-from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
+from .base import add_counts, module_pass, op_name, rewrite_calls, shape_of, static_shape
 
 
 def permutation(call) -> list[int] | None:
@@ -52,7 +53,7 @@ def _out_dtype(call, x) -> str:
 def _gemm_nt(te, a, b, out_dtype):
     """C[*lead, i, j] = sum_k A[*lead, i, k] * B[*blead, j, k], leading axes of B broadcast from
     the right (a 2-D B is shared by every leading index)."""
-    a_shape = [int(d) for d in a.shape]
+    a_shape = list(a.shape)  # leading dims may be symbolic
     b_rank = len(b.shape)
     k = a_shape[-1]
     n = int(b.shape[-2])
@@ -104,14 +105,17 @@ def _nt_operands(call, lookup):
     if op_name(call) != "relax.matmul":
         return None
     a, b = call.args
-    a_shape, b_shape = static_shape(a), static_shape(b)
+    a_shape, b_shape = shape_of(a), static_shape(b)
     if a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) < 2:
         return None
     if a.ty.dtype not in LOW_TYPES or b.ty.dtype != a.ty.dtype:
         return None
-    if isinstance(b, tvm_compat.tvm().ir.expr.Constant) and len(b_shape) == 2:
+    if (isinstance(b, tvm_compat.tvm().ir.expr.Constant) and len(b_shape) == 2
+            and isinstance(a_shape[-1], int)):
         wt = np.ascontiguousarray(b.value.numpy().T)
         return a, relax.const(wt, b.ty.dtype), "constant"
+    if any(not isinstance(d, int) for d in a_shape):
+        return None
     producer = lookup(b) if isinstance(b, relax.Var) else None
     perm = permutation(producer) if producer is not None else None
     if perm is not None and len(perm) == len(a_shape) and b_shape[:-2] == a_shape[:-2]:
@@ -145,7 +149,8 @@ def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False, hopper: bool
         counts[kind] += 1
         out_dtype = _out_dtype(call, a)
         factor = 1
-        if split_k and sm and kind == "constant" and out_dtype == "float32":
+        if split_k and sm and kind == "constant" and out_dtype == "float32" and \
+                static_shape(a) is not None:  # the split is chosen per M
             a_shape = static_shape(a)
             m = int(np.prod(a_shape[:-1]))
             n, k = static_shape(b_nt)[0], a_shape[-1]

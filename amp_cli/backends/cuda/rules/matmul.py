@@ -14,8 +14,11 @@ are fp16 and *every* static M/N/K extent is > 64. Two gaps matter for amp's mode
   lookup pointed at them (bf16 inputs, fp32 accumulation only).
 
 Static GEMMs of 2..16 rows (classifier heads at small batch) take amp's ``small_gemm`` schedule
-on CUDA, whatever the dtype. Anything else (fp32 or dynamic-only GEMMs, non-CUDA) is dlight's
-``Matmul`` unchanged.
+on CUDA, whatever the dtype. A GEMM whose row count M is symbolic (a dynamic model's linear
+layers: M = batch x sequence) with static N and K takes amp's ``tc_gemm`` schedule too, M padded
+to whole tiles at run time, with the tile chosen for M at the ranges' optima (``dims``: one
+kernel serves every M, so it is tuned for the size the user said to optimize for). Anything
+else (fp32 GEMMs, symbolic N or K, non-CUDA) is dlight's ``Matmul`` unchanged.
 """
 from __future__ import annotations
 
@@ -42,11 +45,12 @@ def _make_rule():
         """dlight's Matmul plus wmma for sides >= ``min_extent`` and for bf16 (see module doc)."""
 
         def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True,
-                     small_m: bool = True):
+                     small_m: bool = True, dims: dict | None = None):
             super().__init__()
             self.min_extent = min_extent
             self.own_gemm = own_gemm
             self.small_m = small_m
+            self.dims = dict(dims or {})
 
         def _wants_tensor_cores(self, func, info, target) -> str | None:
             """``info``: :func:`gemm_shape` of ``func``."""
@@ -74,7 +78,7 @@ def _make_rule():
                         return sch
                 kind = self._wants_tensor_cores(func, info, target)
             if kind is not None and self.own_gemm:
-                sch = _own_schedule(func, kind, info, arch_sm(target))
+                sch = _own_schedule(func, kind, info, arch_sm(target), self.dims)
                 if sch is not None:
                     return sch
             if kind == "float16":
@@ -91,16 +95,28 @@ def _make_rule():
     return AmpMatmul
 
 
-def _own_schedule(func, in_dtype: str, info, sm: int):
-    """amp's cp.async wmma schedule (``tc_gemm``) for a static-shape GEMM (``info``: its
-    :func:`gemm_shape`), else None."""
+# M of a symbolic GEMM when the ranges' optima do not give it: a few waves of mid-size tiles
+SYMBOLIC_M_GUESS = 1024
+
+
+def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None):
+    """amp's cp.async wmma schedule (``tc_gemm``) for a GEMM with static batch, N and K (``info``:
+    its :func:`gemm_shape`); a symbolic M gets the tile for M at ``dims`` ({dim: optimum},
+    module docstring). Else None (symbolic N or K: MatmulTensorization pads them)."""
     if info is None:
         return None
     _, out_dtype, batch, sizes = info
-    if batch is None or any(s is None for s in sizes):
-        return None  # dynamic extents: MatmulTensorization pads symbolically
+    if batch is None or sizes[1] is None or sizes[2] is None:
+        return None
+    m_at = sizes[0]
+    if m_at is None:
+        symbolic = gemm_shape(func, symbolic=True)
+        m_at = tvm_compat.size_upper_bound(symbolic[3][0], dims or {}) if symbolic else None
+        if not isinstance(m_at, int) or m_at < 1:
+            m_at = SYMBOLIC_M_GUESS
     acc = "float16" if out_dtype == "float16" else "float32"
-    return tc_gemm.schedule_gemm(func, in_dtype, acc, batch, sizes, sm)
+    return tc_gemm.schedule_gemm(func, in_dtype, acc, batch, [m_at, *sizes[1:]], sm,
+                                 rows=sizes[0])
 
 
 def _small_m_schedule(func, info, sm: int):
@@ -112,14 +128,14 @@ def _small_m_schedule(func, info, sm: int):
 
 
 def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
-              small_m: bool = True):
+              small_m: bool = True, dims: dict | None = None):
     """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
-    static-shape fp16/bf16 GEMMs use amp's pipelined wmma schedule (tc_gemm) first, and static
-    GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
-    ``small_m`` is off."""
-    return _make_rule()(min_extent, own_gemm, small_m)
+    fp16/bf16 GEMMs with static N and K use amp's pipelined wmma schedule (tc_gemm) first, and
+    static GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
+    ``small_m`` is off. ``dims``: {symbolic dim: optimum} of a dynamic module."""
+    return _make_rule()(min_extent, own_gemm, small_m, dims)
 
 
 @register("matmul", "rule", 10, reads=("small_gemm",))
 def make_rule(ctx):
-    return AmpMatmul(small_m=ctx.cuda.small_gemm)
+    return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims)
