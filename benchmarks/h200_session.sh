@@ -21,7 +21,8 @@ shift || true
 
 case "$step" in
   tests)
-    # fused attention (masks, padding, bf16, NaN guard), and the three tests that failed
+    # fused attention (masks, padding, bf16, NaN guard, symbolic B/S), symbolic-M GEMMs, and
+    # the three tests that failed
     # on 2026-12-04 without a recorded cause (docs/reliability.md)
     # each test builds its own kernels (CPU-bound): spread them over the cores when
     # pytest-xdist is there (stage it with the other wheels)
@@ -31,7 +32,9 @@ case "$step" in
       tests/backends/cuda/test_fused_attention.py \
       "tests/backends/cuda/test_cuda_safe_names.py::test_hostile_names_run_on_gpu" \
       "tests/backends/test_odd_sizes.py::test_odd_pt2_on_gpu" \
-      tests/backends/cuda/test_exact_pow.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -60
+      tests/backends/cuda/test_exact_pow.py \
+      "tests/backends/cuda/test_tc_gemm.py::test_symbolic_m_gemm_matches_fp32_reference_at_every_m" \
+      2>&1 | tee "$OUT/gpu_tests.log" | tail -60
     ;;
   suite)
     group=${1:-cnn}
