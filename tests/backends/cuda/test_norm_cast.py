@@ -85,7 +85,6 @@ def test_fp16_source_is_read_directly():
 
 def test_what_is_left_alone():
     for mod in (_ln_module(other=False),          # cast only: FuseOps fuses it already
-                _ln_module(dynamic=True),         # symbolic rows
                 _ln_module(axes=(1, 2))):         # not the last axis alone
         new, fused, declined = nc.fuse_norm_casts(mod)
         assert (fused, declined) == (0, {}) and new.same_as(mod)
@@ -263,3 +262,51 @@ def test_kernel_matches_float64_on_gpu(shape, in_dtype):
     low = tvm.runtime.tensor(np.zeros(shape, "float16"), dev)
     lib["norm_cast"](*(tvm.runtime.tensor(a, dev) for a in (x, gamma, beta)), out, low)
     _check(out.numpy(), low.numpy(), x, gamma, beta, 1e-12)
+
+
+def _symbolic_rows(n=256):
+    b, s = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("sequence", "int64")
+    return (b, s, n)
+
+
+def test_symbolic_rows_values_on_llvm():
+    """A dynamic model's layer norm ([batch, sequence, N], batch and sequence symbolic): one
+    function, right at every shape."""
+    func = nc.norm_cast_compute(_symbolic_rows(), 1e-5, F32, "float16")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    dev = tvm.cpu()
+    for shape in ((2, 7, 256), (1, 33, 256), (3, 1, 256)):
+        x, gamma, beta = _inputs(shape, F32, sum(shape))
+        out = tvm.runtime.tensor(np.zeros(shape, F32), dev)
+        low = tvm.runtime.tensor(np.zeros(shape, "float16"), dev)
+        lib["main"](*(tvm.runtime.tensor(a, dev) for a in (x, gamma, beta)), out, low)
+        _check(out.numpy(), low.numpy(), x, gamma, beta, 1e-5)
+
+
+def test_symbolic_rows_are_fused_and_compile():
+    """Symbolic rows (one symbolic dim or two): the kernel over the flattened rows between
+    reshape views, the cast gone; the kernel compiles with vector loads and stores."""
+    b, s, n = _symbolic_rows()
+    for mod in (_ln_module(shape=(b, s, n)), _ln_module(dynamic=True)):
+        new, fused, declined = nc.fuse_norm_casts(mod)
+        assert (fused, declined) == (1, {})
+        ops = [op_name(c) for c in calls(new)]
+        assert "relax.astype" not in ops and "relax.nn.layer_norm" not in ops
+        assert ops.count("relax.reshape") == 3  # rows flattened; both outputs back
+    _, src = _kernel_source((b, s, n))
+    kernel = src[src.index("__launch_bounds__"):]
+    assert "__launch_bounds__(64)" in kernel and "*(float4*)(out_ptr" in kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
+def test_symbolic_rows_match_float64_on_gpu():
+    dev = tvm.cuda(0)
+    arch = "sm_" + dev.compute_version.replace(".", "")
+    lib, _ = _kernel_source(_symbolic_rows(1024), F32, "float16", arch)
+    for shape in ((1, 16, 1024), (3, 77, 1024), (8, 128, 1024)):
+        x, gamma, beta = _inputs(shape, F32, sum(shape))
+        out = tvm.runtime.tensor(np.zeros(shape, F32), dev)
+        low = tvm.runtime.tensor(np.zeros(shape, "float16"), dev)
+        lib["norm_cast"](*(tvm.runtime.tensor(a, dev) for a in (x, gamma, beta)), out, low)
+        _check(out.numpy(), low.numpy(), x, gamma, beta, 1e-12)

@@ -11,7 +11,7 @@ pass handles exactly the case amp's graphs have: in one dataflow block (after co
 elimination, which merges the per-projection reshape/cast of the input that exporters repeat),
 two or more fp16/bf16
 ``relax.matmul(x, W_i)`` with the same input ``x`` and 2-D constant weights ``W_i[K, N_i]`` (same
-dtype and out_dtype). They become
+dtype and out_dtype; ``x``'s leading dims may be symbolic, as in a dynamic model). They become
 
     g   = matmul(x, concat(W_i, axis=1))        # matmul_nt then makes it an NT GEMM
     y_i = strided_slice(g, last axis, [offset_i, offset_i + N_i])
@@ -34,7 +34,7 @@ import numpy as np
 from .... import tvm_compat
 from ....dtypes import LOW_TYPES
 from ..registry import register
-from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
+from .base import add_counts, module_pass, op_name, rewrite_calls, shape_of, static_shape
 
 
 def _matmul_key(call):
@@ -45,7 +45,7 @@ def _matmul_key(call):
     x, w = call.args
     if not isinstance(x, relax.Var) or not isinstance(w, tvm_compat.tvm().ir.expr.Constant):
         return None
-    x_shape, w_shape = static_shape(x), static_shape(w)
+    x_shape, w_shape = shape_of(x), static_shape(w)  # x's leading dims may be symbolic
     if x_shape is None or w_shape is None or len(w_shape) != 2 or len(x_shape) < 2:
         return None
     if x.ty.dtype not in LOW_TYPES or w.ty.dtype != x.ty.dtype or x_shape[-1] != w_shape[0]:
@@ -149,7 +149,7 @@ def combine_parallel_gemms(mod):
             g = bb.emit(relax.op.matmul(call.args[0], combined, out_dtype=group["out"]))
             if group["cast_ok"]:
                 g = bb.emit(relax.op.astype(g, group["low"]))
-            axis = len(static_shape(call.args[0])) - 1
+            axis = len(shape_of(call.args[0])) - 1
             outs, start, with_bias = [], 0, []
             if group["biases"]:
                 bias = np.concatenate([b.value.numpy() for b in group["biases"]])

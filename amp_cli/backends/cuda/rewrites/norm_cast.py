@@ -19,7 +19,11 @@ registers (loaded once, ``vec``-wide vector loads), two block-wide sums (warp sh
 memory, TVM's cross-thread reduction), then ``vec``-wide stores of both outputs.
 
 Declined (left unchanged, counted): rows whose length is not a multiple of 32 or longer than
-``MAX_THREADS * MAX_PER_THREAD``. Not matched at all: dynamic shapes, axes other than the last,
+``MAX_THREADS * MAX_PER_THREAD``. The row count may be symbolic (a dynamic model's batch x
+sequence: the grid is sized at run time; the kernel then sees the rows flattened, ``reshape``
+views before and after, as the schedule's fused row loop over several symbolic dims is not
+affine); the row length must be static. Not matched at all:
+a symbolic row length, axes other than the last,
 ``center``/``scale`` off, non-fp32 layer norms, and layer norms whose only consumers are casts
 (FuseOps already fuses those into one kernel).
 """
@@ -29,7 +33,7 @@ from .... import tvm_compat
 from ....dtypes import LOW_TYPES
 from ....ir_attrs import IS_SCHEDULED, OP_PATTERN
 from ..registry import register
-from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
+from .base import add_counts, module_pass, op_name, rewrite_calls, shape_of, static_shape
 
 MAX_THREADS = 256     # threads per row (CTA); more rows fill the GPU instead
 MAX_PER_THREAD = 64   # fp32 row elements one thread keeps in registers
@@ -67,8 +71,8 @@ def norm_cast_compute(shape, epsilon: float, in_dtype: str = "float32",
     """
     tvm = tvm_compat.tvm()
     te = tvm.te
-    shape = [int(d) for d in shape]
-    n, lead = shape[-1], shape[:-1]
+    shape = [tvm_compat.size_value(d) for d in shape]  # leading dims may be symbolic
+    n, lead = int(shape[-1]), shape[:-1]
     f32 = "float32"
     size, eps = tvm.tirx.const(float(n), f32), tvm.tirx.const(float(epsilon), f32)
     x = te.placeholder(shape, in_dtype, "x")
@@ -187,8 +191,9 @@ def _candidates(mod) -> dict:
         if op_name(ln) != "relax.nn.layer_norm" or not (ln.attrs.center and ln.attrs.scale):
             continue
         x, gamma, beta = ln.args
-        shape = static_shape(x)
-        if shape is None or len(shape) < 2 or x.ty.dtype != "float32":
+        shape = shape_of(x)
+        if (shape is None or len(shape) < 2 or not isinstance(shape[-1], int)
+                or x.ty.dtype != "float32"):
             continue
         if [int(a) % len(shape) for a in ln.attrs.axes] != [len(shape) - 1]:
             continue
@@ -205,16 +210,27 @@ def fuse_norm_casts(mod):
     relax = tvm_compat.relax()
     found = _candidates(mod)
     funcs: dict = {}   # (shape, eps, input type, low type) -> GlobalVar
-    made: dict = {}    # the call_tir's var -> its low type
+    made: dict = {}    # the call_tir's var -> (its low type, the shape of flattened rows)
     declined: dict = {}
+
+    def first_output(expr, lookup):
+        """The kernel call whose first output ``expr`` is (through the reshape back from
+        flattened rows), else None."""
+        src = lookup(expr) if isinstance(expr, relax.Var) else None
+        if op_name(src) == "relax.reshape" and isinstance(src.args[0], relax.Var):
+            src = lookup(src.args[0])
+        if isinstance(src, relax.TupleGetItem) and src.index == 0 and src.tuple_value in made:
+            return src.tuple_value
+        return None
 
     def rewrite(bb, call, lookup):
         if op_name(call) == "relax.astype":   # the cast: the kernel's second output
-            src = lookup(call.args[0]) if isinstance(call.args[0], relax.Var) else None
-            if (isinstance(src, relax.TupleGetItem) and src.index == 0
-                    and made.get(src.tuple_value) == str(call.attrs.dtype)):
-                return relax.TupleGetItem(src.tuple_value, 1)
-            return None
+            both = first_output(call.args[0], lookup)
+            if both is None or made[both][0] != str(call.attrs.dtype):
+                return None
+            low_out = relax.TupleGetItem(both, 1)
+            shape = made[both][1]
+            return low_out if shape is None else relax.op.reshape(bb.emit(low_out), shape)
         if op_name(call) != "relax.nn.layer_norm" or call not in found:
             return None
         low, why = found[call]
@@ -226,17 +242,30 @@ def fuse_norm_casts(mod):
         src = lookup(x) if isinstance(x, relax.Var) else None
         if op_name(src) == "relax.astype" and src.args[0].ty.dtype in LOW_TYPES:
             x = src.args[0]
-        shape = static_shape(x)
-        key = (tuple(shape), float(call.attrs.epsilon), x.ty.dtype, low)
+        shape = shape_of(x)
+        flat = any(not isinstance(d, int) for d in shape[:-1])
+        if flat:  # symbolic rows: the kernel takes [rows, N] (module docstring)
+            rows = 1
+            for d in shape[:-1]:
+                rows = rows * d
+            x = bb.emit(relax.op.reshape(x, (rows, shape[-1])))
+            shape, full = [rows, shape[-1]], shape
+        # the kernel's own row count variable (bound from its input's shape at run time): a
+        # product of the model's dims cannot define them
+        kernel_shape = (tvm_compat.tvm().tirx.Var("rows", "int64"), shape[-1]) if flat \
+            else tuple(shape)
+        args = (kernel_shape, float(call.attrs.epsilon), x.ty.dtype, low)
+        key = repr((tuple(shape), *args[1:]))  # as text: PrimExprs' == builds an expression
         if key not in funcs:
             # without TE's global_symbol "main", which would clash with the Relax main
-            func = norm_cast_func(*key).without_attr("global_symbol")
+            func = norm_cast_func(*args).without_attr("global_symbol")
             funcs[key] = bb.add_func(func, "amp_norm_cast")
         both = bb.emit(relax.call_tir(
             funcs[key], relax.Tuple([x, gamma, beta]),
             out_ty=[relax.TensorType(shape, "float32"), relax.TensorType(shape, low)]))
-        made[both] = low
-        return relax.TupleGetItem(both, 0)
+        made[both] = (low, full if flat else None)
+        out = relax.TupleGetItem(both, 0)
+        return relax.op.reshape(bb.emit(out), full) if flat else out
 
     new, _ = rewrite_calls(mod, rewrite)
     return new, len(made), declined
