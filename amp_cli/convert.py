@@ -179,8 +179,9 @@ def dynamic_notes(model: LoadedModel, target: ResolvedTarget, cfg: ConvertConfig
              f"outside them raises AssertionError naming the ranges; the accuracy check runs "
              f"at each dim's minimum, optimum and maximum"]
     if target.is_cuda and cfg.cuda.cuda_graph:
-        notes.append("CUDA graphs are off for dynamic dims (TVM would capture one graph per "
-                     "shape seen, without bound)")
+        notes.append("CUDA graphs: the copy at the optimum shape runs as one captured graph; "
+                     "other shapes launch their kernels one by one (one graph per shape seen "
+                     "would be unbounded)")
     return notes
 
 

@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 import amp_cli
-from amp_cli import models
+from amp_cli import models, tvm_compat
 from amp_cli.accuracy import metrics, random_inputs
 from amp_cli.config import ConvertConfig, DimRange, apply_yaml, parse_dim, parse_input_shape
 from amp_cli.errors import ConfigError, InputError
@@ -247,3 +247,27 @@ def test_cuda_codegen(bert_onnx):
     # the attention core fuses in both copies: main_dynamic's over symbolic batch / sequence
     assert res.graph_rewrites["attention_fused"] == 2
     assert res.graph_rewrites["attention_unfused"] == 0
+
+
+def test_cuda_graphs_capture_the_optimum_copy_once(bert_onnx):
+    """With CUDA graphs on (the default) a dynamic build captures main_optimum's kernels, and
+    every captured region has static shapes only: one graph per region, whatever shapes are
+    run (TVM captures a symbolic region per shape seen, without bound, only when asked)."""
+    from amp_cli.compile.build import compile_target
+    from amp_cli.compile.pipeline import relax_pipeline
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.precision import convert_precision
+    from amp_cli.target import resolve_target
+
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..4(2)", "8..48(16)"]})
+    mod, _ = convert_precision(model.mod, PrecisionConfig(), model.node_types)
+    target = resolve_target("cuda:sm_90")
+    with compile_target(target, None):
+        low = relax_pipeline(target, specialize=True)(mod)
+    relax = tvm_compat.relax()
+    captures = {gv.name_hint: f for gv, f in low.functions.items()
+                if isinstance(f, relax.Function) and "cuda_graph_capture" in gv.name_hint}
+    assert any(n.startswith("main_optimum_cuda_graph_capture") for n in captures)
+    for name, func in captures.items():
+        assert not list(relax.analysis.defined_symbolic_vars(func)), name
+        assert "relax.rewrite_cuda_graph.capture_symbolic_vars" not in (func.attrs or {}), name

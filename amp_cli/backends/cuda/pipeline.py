@@ -12,7 +12,7 @@ TVM's own CUDA pipeline (tvm/relax/backend/cuda/pipeline.py) with these changes:
   large-injective rule before dlight's Fallback; a rule that raises is skipped (``fallible``);
 - Relax's CUDA-graph rewriting is on (``relax.backend.use_cuda_graph``): the kernels between the
   input and the output of a static-shape model are captured once and replayed as one graph
-  (off for a module with dynamic dims: docs/dynamic-shapes.md);
+  (in a dynamic build, the copy at the optimum shape: docs/dynamic-shapes.md);
 - the pass list is assembled here, in one place, so convert and tune compile the same way;
 - before anything else, every variable and buffer gets a name CUDA source can print
   (``frontend/names.py``): the model's own names (``onnx:/model.9/Concat``) stay in amp's IR
@@ -115,8 +115,10 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
         # RewriteCUDAGraph reads its switch from the PassContext; set it for our passes only,
         # keeping the caller's other config and instruments.
         config = {str(k): v for k, v in pass_ctx.config.items()}
-        # dynamic dims: TVM would capture one graph per shape seen, without bound
-        config.update(cuda_graph_config(cuda.cuda_graph and not module_ranges(mod)))
+        # dynamic dims too: TVM captures only regions whose shapes are all static (symbolic
+        # ones only when named in capture_symbolic_vars, which amp never sets), so a dynamic
+        # build captures main_optimum and the static parts of main_dynamic, one graph each
+        config.update(cuda_graph_config(cuda.cuda_graph))
         with target, tvm.transform.PassContext(opt_level=pass_ctx.opt_level, config=config,
                                                instruments=list(pass_ctx.instruments)):
             # first: the passes below name kernels' buffers after these variables
