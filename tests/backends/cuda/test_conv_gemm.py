@@ -212,3 +212,19 @@ def test_toggles_off_give_stock_lowering(resnet_like):
     assert not any("conv_gemm" in k for k in kernels)
     assert any("conv2d" in k for k in kernels)
     assert not any("cuda_graph" in gv.name_hint for gv in lowered.get_global_vars())
+
+
+def test_symbolic_batch_pointwise_convs_become_gemms():
+    """A dynamic model's batch: a 1x1 stride-1 conv becomes the GEMM (same values on llvm at
+    every batch); a 3x3 or strided conv stays a conv (its GEMM's gather stage cannot be staged
+    through shared memory over a symbolic M: module docstring)."""
+    batch = tvm.tirx.Var("batch", "int64")
+    pointwise = _conv_module(batch, 8, 6, 6, 16, 1, 1, 0)
+    new = conv_to_gemm(pointwise)
+    assert "relax.nn.conv2d" not in _ops(new) and count_gemm_convs(pointwise) == 1
+    for n in (1, 3):
+        x = np.random.default_rng(n).uniform(-2, 2, (n, 8, 6, 6)).astype("float16")
+        ref, got = _run_llvm(pointwise, x), _run_llvm(new, x)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    for k, stride, pad in ((3, 1, 1), (1, 2, 0)):
+        assert count_gemm_convs(_conv_module(batch, 8, 6, 6, 16, k, stride, pad)) == 0

@@ -32,10 +32,11 @@ def module_pass(fn: Callable, name: str):
     return _pass
 
 
-def conv2d_in(call, dtypes, want_layout: str | None = None) -> bool:
+def conv2d_in(call, dtypes, want_layout: str | None = None, symbolic_batch: bool = False) -> bool:
     """``call`` is a static-shape conv2d whose data and weight share one of ``dtypes`` and, when
     ``want_layout`` is given, whose data is in it with OHWI filters (what the conv rewrites take
-    once ConvertLayout ran). Groups, dilation and the like are each rewrite's own."""
+    once ConvertLayout ran). ``symbolic_batch``: the data's first dim may be symbolic (a
+    dynamic model's batch). Groups, dilation and the like are each rewrite's own."""
     if op_name(call) != "relax.nn.conv2d":
         return False
     a = call.attrs
@@ -45,4 +46,7 @@ def conv2d_in(call, dtypes, want_layout: str | None = None) -> bool:
     x, w = call.args
     if x.ty.dtype not in dtypes or w.ty.dtype != x.ty.dtype:
         return False
-    return static_shape(x) is not None and static_shape(w) is not None
+    x_shape = shape_of(x)
+    if x_shape is None or static_shape(w) is None:
+        return False
+    return all(isinstance(d, int) for d in (x_shape[1:] if symbolic_batch else x_shape))

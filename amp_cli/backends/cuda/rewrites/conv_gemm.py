@@ -24,6 +24,13 @@ PrimFunc; amp's tensor-core schedule inlines it into the shared-memory loads, wh
 predicated 16-byte ``cp.async`` copies (zero fill outside the image). No im2col tensor is written
 or read. Other convs (the RGB stem, C=3) keep the explicit im2col.
 
+A dynamic model's batch may be symbolic for 1x1 stride-1 unpadded convolutions (the GEMM reads
+the image as it is: M = N*H*W rows, amp's tensor-core schedule pads M at run time). Other
+convolutions over a symbolic batch stay convolutions: their GEMM's A operand has producer stages
+(padding, im2col), and over a symbolic M neither amp's schedule nor dlight's
+``MatmulTensorization`` can place its shared-memory copy in the K loop (TVM's ``compute_at``
+refuses the scope), so the GEMM would lose its tensor cores.
+
 Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/N/K to its tile
 (``pad_einsum``), so odd channel counts still get tensor cores.
 """
@@ -34,14 +41,24 @@ from ....dtypes import LOW_TYPES
 from ...layout import REPORT_LABELS as LAYOUT_LABELS
 from ...layout import convert_layout
 from ..registry import register
-from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, static_shape
+from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, shape_of, \
+    static_shape
 
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
 
 def _is_candidate(call, want_layout: str | None = None) -> bool:
-    """fp16/bf16, groups=1, static-shape conv2d (in ``want_layout`` when given)."""
-    return conv2d_in(call, LOW_TYPES, want_layout) and int(call.attrs.groups) == 1
+    """fp16/bf16, groups=1 conv2d (in ``want_layout`` when given), static, or a pointwise one
+    (1x1, stride 1, unpadded) over a symbolic batch (module docstring)."""
+    if not conv2d_in(call, LOW_TYPES, want_layout, symbolic_batch=True) or \
+            int(call.attrs.groups) != 1:
+        return False
+    if static_shape(call.args[0]) is not None:
+        return True
+    a = call.attrs
+    return (static_shape(call.args[1])[1:3] in ([1, 1],) if a.kernel_layout == "OHWI" else
+            static_shape(call.args[1])[2:] == [1, 1]) and \
+        [int(s) for s in a.strides] == [1, 1] and not any(int(p) for p in a.padding)
 
 
 def count_gemm_convs(mod) -> int:
@@ -52,7 +69,7 @@ def count_gemm_convs(mod) -> int:
 def _im2col(te, tirx, x, kh, kw, strides, padding, dilation, out_hw):
     """A[n, ho, wo, (i*kw + j)*C + c] = x[n, ho*sh + i*dh - pt, wo*sw + j*dw - pl, c]
     (zero outside the image)."""
-    n_, h_, w_, c_ = (int(d) for d in x.shape)
+    n_, h_, w_, c_ = x.shape[0], *(int(d) for d in x.shape[1:])  # the batch may be symbolic
     ho_, wo_ = out_hw
     sh, sw = strides
     dh, dw = dilation
@@ -74,7 +91,7 @@ def _gemm_nt(te, a, b, out_dtype):
     Keeping the NHWC output shape (no reshape after the GEMM) lets FuseOps fuse the elementwise
     epilogue (cast, bias, ReLU, residual add) into the GEMM kernel: it fuses elementwise and
     broadcast consumers only, and a reshape in between would stop it."""
-    n, ho, wo, k = (int(d) for d in a.shape)
+    n, (ho, wo, k) = a.shape[0], (int(d) for d in a.shape[1:])
     o = int(b.shape[0])
     r = te.reduce_axis((0, k), name="k")
     return te.compute(
@@ -92,7 +109,7 @@ def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw,
     ``y[n,ho,wo,o] = sum_k xp[n, ho*sh + i*dh, wo*sw + j*dw, c] * B[o, k]`` with
     ``k = (i*kw + j)*C + c`` and ``xp`` the zero-padded image, a stage of the same PrimFunc that
     the tensor-core schedule inlines into its shared-memory loads (predicated cp.async)."""
-    n_, h_, w_, c_ = (int(d) for d in x.shape)
+    n_, h_, w_, c_ = x.shape[0], *(int(d) for d in x.shape[1:])
     ho_, wo_ = out_hw
     sh, sw = strides
     dh, dw = dilation
@@ -124,7 +141,7 @@ def _rewrite_conv(bb, call, implicit: bool = False):
     relax, te, tirx = tvm.relax, tvm.te, tvm.tirx
     a = call.attrs
     x, w = call.args
-    n, h, wd, c = static_shape(x)
+    n, h, wd, c = shape_of(x)
     o, kh, kw, _ = static_shape(w)
     strides = [int(s) for s in a.strides]
     dilation = [int(d) for d in a.dilation]
