@@ -271,3 +271,37 @@ def test_cuda_graphs_capture_the_optimum_copy_once(bert_onnx):
     for name, func in captures.items():
         assert not list(relax.analysis.defined_symbolic_vars(func)), name
         assert "relax.rewrite_cuda_graph.capture_symbolic_vars" not in (func.attrs or {}), name
+
+
+def test_symbolic_graph_rewrites_keep_the_values(bert_onnx, monkeypatch):
+    """The CUDA graph rewrites that now apply under symbolic batch / sequence (Q/K/V combined,
+    NT constant weights, layer norm + cast over flattened rows) checked by values: the
+    converted dynamic model with and without them, both on llvm (the norm kernel before its GPU
+    schedule), at several shapes. Only the summation order may differ."""
+    from amp_cli.backends.cuda.rewrites import norm_cast as nc
+    from amp_cli.backends.cuda.rewrites.combine_gemm import combine_parallel_gemms
+    from amp_cli.backends.cuda.rewrites.matmul_nt import matmul_to_nt
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.precision import convert_precision
+
+    monkeypatch.setattr(nc, "norm_cast_func", lambda *key: nc.norm_cast_compute(*key)
+                        .with_attr("op_pattern", nc.OPAQUE))
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..4(2)", "8..48(16)"]})
+    mod, _ = convert_precision(model.mod, PrecisionConfig(), model.node_types)
+    new, combined = combine_parallel_gemms(mod)
+    new, counts = matmul_to_nt(new)
+    new, fused, _ = nc.fuse_norm_casts(new)
+    assert combined == 3 and counts["constant"] >= 3 and fused >= 1
+    tvm = tvm_compat.tvm()
+
+    def vm(m):
+        return tvm_compat.relax_vm(tvm.compile(m, target="llvm"), tvm.cpu())
+
+    ref_vm, got_vm = vm(mod), vm(new)
+    for b, s in [(1, 8), (3, 29), (4, 48)]:
+        specs = model.inputs_at({"batch": b, "sequence": s})
+        feeds = random_inputs(specs, seed=b * 100 + s)
+        args = [tvm.runtime.tensor(feeds[i.name]) for i in specs]
+        ref = ref_vm["main"](*args).numpy().astype(np.float64)
+        got = got_vm["main"](*args).numpy().astype(np.float64)
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3, (b, s)
