@@ -7,7 +7,8 @@ everything before works on scalar loop bodies. The legalizer runs immediately af
 ``InjectVirtualThread``/``StorageRewrite``/``UnrollLoop``/``CommonSubexprElim``: CSE would otherwise
 bind illegal vectors to variables and spread them over several statements. A second, normally
 no-op run sits at the end of the device finalization (after ``LowerIntrin``, right before
-``target.build.cuda``) as a safety net for anything a later pass creates.
+``target.build.cuda``) as a safety net for anything a later pass creates; after it, non-finite
+bf16/fp8 constants become casts of fp32 ones, which TVM's codegen can spell (nonfinite_const.py).
 
 tvm.compile -> tvm.tirx.build only accepts a *registered* pipeline name in 0.27 (it asserts
 ``isinstance(pipeline, str)``; a Pass object is rejected), and the default s_tir pipeline builds
@@ -25,6 +26,7 @@ from .access_ptr import typed_access_ptr_pass
 from .async_copy import sync_strided_async_copy_pass
 from .exact_pow import exact_pow_pass
 from .legalize import lane_legalize_pass
+from .nonfinite_const import nonfinite_constants_pass
 
 _COUNTER = itertools.count()
 
@@ -163,11 +165,12 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
             return rest
 
         def _finalize_device():
-            stock = finalize_device()
-            if not legalize:
-                return stock
-            return tvm.ir.transform.Sequential(
-                [stock, lane_legalize_pass(records, stage="before codegen", only_cuda=only_cuda)])
+            # last: nothing may fold the casts of non-finite bf16 constants back (nonfinite_const.py)
+            passes = [finalize_device()]
+            if legalize:
+                passes.append(lane_legalize_pass(records, stage="before codegen", only_cuda=only_cuda))
+            passes.append(nonfinite_constants_pass())
+            return tvm.ir.transform.Sequential(passes)
 
         return _main, finalize_host, _finalize_device
 
