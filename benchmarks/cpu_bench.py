@@ -157,8 +157,9 @@ def run_ort(model, x, threads, warmup, repeat):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    from amp_cli.frontend.ort_session import inference_session
+
+    sess = inference_session(model, so)
     name = sess.get_inputs()[0].name
     out = sess.run(None, {name: x})[0]
     return out, _time(lambda: sess.run(None, {name: x}), warmup, repeat)

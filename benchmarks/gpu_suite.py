@@ -157,7 +157,9 @@ def reference_outputs(onnx_path: Path, feeds: dict):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    from amp_cli.frontend.ort_session import inference_session
+
+    sess = inference_session(str(onnx_path), opts)
     return [np.asarray(o) for o in sess.run(None, feeds)]
 
 
@@ -414,7 +416,9 @@ def time_ort(onnx_path, feed, batch, cfg, ref):
     res = RunnerResult(f"onnxruntime {'cuda' if cuda else 'cpu'}", "ort",
                        "cuda" if cuda else "cpu", "float32", timer="host clock")
     try:
-        sess = ort.InferenceSession(str(onnx_path), providers=[
+        from amp_cli.frontend.ort_session import inference_session
+
+        sess = inference_session(str(onnx_path), providers=[
             "CUDAExecutionProvider" if cuda else "CPUExecutionProvider"])
         res.accuracy = compare_outputs(ref, sess.run(None, feed), None)
         small = type(cfg)(warmup=min(cfg.warmup, 3), repeat=min(cfg.repeat, 10)) if not cuda \

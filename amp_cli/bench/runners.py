@@ -7,6 +7,7 @@ import numpy as np
 from .. import tvm_compat
 from ..accuracy import LibraryRunner, compare_outputs, flatten_outputs
 from ..errors import AmpError
+from ..frontend.ort_session import inference_session
 from .results import LatencyStats, RunnerResult
 from .subject import convert_for_bench
 from .timing import host_timed, time_torch
@@ -82,7 +83,7 @@ def bench_ort(model, device, feeds, batch, cfg, reference, step) -> list[RunnerR
             opts.log_severity_level = 3
             if cfg.threads:
                 opts.intra_op_num_threads = cfg.threads
-            sess = ort.InferenceSession(blob, opts, providers=[provider])
+            sess = inference_session(blob, opts, providers=[provider])
             got = sess.run(None, feeds)
             res.accuracy = compare_outputs(reference, got, model)
             res.latency = LatencyStats.from_seconds(

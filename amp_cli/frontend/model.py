@@ -107,12 +107,9 @@ class LoadedModel:
     def reference(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """fp32 reference outputs: ONNX Runtime (CPU) for ONNX models, torch for torch models."""
         if self.format == "onnx":
-            import onnxruntime as ort
+            from .ort_session import inference_session
 
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            sess = ort.InferenceSession(self.onnx_model.SerializeToString(), opts,
-                                        providers=["CPUExecutionProvider"])
+            sess = inference_session(self.onnx_model)
             return [np.asarray(o) for o in sess.run(None, feeds)]
         import torch
 

@@ -38,6 +38,7 @@ from ..accuracy import random_inputs
 from ..config import parse_input_range
 from ..dtypes import round_to, type_range
 from ..errors import AmpError, InputError
+from ..frontend.ort_session import inference_session
 
 # ONNX ops that amp's policy runs as "always": they cast their float inputs to the low type
 # themselves, whatever precision the producer ran in.
@@ -156,8 +157,7 @@ def _session(model_proto, optimize: bool):
     opts.intra_op_num_threads = 1
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model_proto.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    return inference_session(model_proto, opts)
 
 
 class _Err:

@@ -164,8 +164,9 @@ def run_ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3  # the light models' unused-initializer warnings
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    from amp_cli.frontend.ort_session import inference_session
+
+    return inference_session(str(path), opts).run(None, feeds)
 
 
 def finish_entry(entry: dict, path: Path, feeds: dict[str, np.ndarray],
