@@ -15,11 +15,32 @@ import json
 
 from .. import tvm_compat
 from ..dims import describe_ranges, module_ranges
-from ..ir_attrs import (DIM_OPTIMUM, INPUT_RANGES_FUNCTION, IS_HOST_FUNC, NOALIAS,
-                        TIR_VAR_LOWER_BOUND, TIR_VAR_UPPER_BOUND)
+from ..ir_attrs import (CAPTURE_SYMBOLIC_VARS, DIM_OPTIMUM, INPUT_RANGES_FUNCTION, IS_HOST_FUNC,
+                        NOALIAS, TIR_VAR_LOWER_BOUND, TIR_VAR_UPPER_BOUND)
 
 DYNAMIC_FUNCTION = "main_dynamic"  # the model for every shape in the ranges (symbolic kernels)
 OPTIMUM_FUNCTION = "main_optimum"  # the model at the optimum shape (static kernels)
+# CUDA graphs of the symbolic function are captured once per distinct shape (TVM's cache keeps
+# every one), so only when the ranges hold at most this many shapes (docs/dynamic-shapes.md)
+MAX_CAPTURED_SHAPES = 1024
+
+
+def shape_count(ranges: dict) -> int:
+    """How many distinct input shapes the ranges ({dim: DimRange}) accept."""
+    count = 1
+    for r in ranges.values():
+        count *= r.hi - r.lo + 1
+    return count
+
+
+def capture_per_shape(func, ranges: dict):
+    """``func`` (the symbolic function) marked so that TVM's RewriteCUDAGraph also captures its
+    regions whose shapes depend on the dims, one graph per shape seen, when the ranges hold at
+    most :data:`MAX_CAPTURED_SHAPES` shapes; else ``func`` (only its static regions are
+    captured)."""
+    if shape_count(ranges) > MAX_CAPTURED_SHAPES:
+        return func
+    return func.with_attr(CAPTURE_SYMBOLIC_VARS, list(ranges))
 
 
 def range_message(ranges: dict) -> str:
@@ -44,7 +65,10 @@ def guard_dynamic(mod, specialize: bool = False):
         return mod
     if specialize:
         mod = specialize_optimum(mod, {n: r.optimum for n, r in ranges.items()})
-    main = mod["main"]
+        mod = mod.clone()
+        gv = mod.get_global_var(DYNAMIC_FUNCTION)
+        mod[gv] = capture_per_shape(mod[gv], ranges)
+    main = mod["main"] if specialize else capture_per_shape(mod["main"], ranges)
     by_name = {str(v.name): v for v in tvm_compat.symbolic_vars(main)}
     dims = [by_name[n] for n in ranges]
     checked = tvm_compat.with_range_check(main, dims, [(r.lo, r.hi) for r in ranges.values()],

@@ -60,9 +60,9 @@ def name_kernels_pass():
 
 
 def build_context(target, cuda: CudaConfig | None = None, stats: dict | None = None,
-                  dims: dict | None = None):
+                  dims: dict | None = None, ranges: dict | None = None):
     return registry.BuildContext(target, arch_sm(target), cuda or CudaConfig(), stats,
-                                 dict(dims or {}))
+                                 dict(dims or {}), dict(ranges or {}))
 
 
 def optimum_sizes(mod) -> dict:
@@ -70,13 +70,20 @@ def optimum_sizes(mod) -> dict:
     return {name: r.optimum for name, r in module_ranges(mod).items()}
 
 
+def dim_ranges(mod) -> dict:
+    """{symbolic dim: (lo, hi)} of a dynamic module (empty for a static one)."""
+    return {name: (r.lo, r.hi) for name, r in module_ranges(mod).items()}
+
+
 def cuda_schedule_passes(target, rule_failures: list | None = None,
-                         cuda: CudaConfig | None = None, dims: dict | None = None) -> list:
+                         cuda: CudaConfig | None = None, dims: dict | None = None,
+                         ranges: dict | None = None) -> list:
     """dlight's ApplyDefaultSchedule with amp's registered rules (``rules/``), each wrapped so
     that one that raises is skipped (and recorded in ``rule_failures``), then dlight's Fallback,
-    whose errors are real errors. ``dims``: :func:`optimum_sizes` of a dynamic module."""
+    whose errors are real errors. ``dims``: :func:`optimum_sizes` of a dynamic module,
+    ``ranges``: its :func:`dim_ranges`."""
     dl = tvm_compat.dlight()
-    made = registry.made("rule", build_context(target, cuda, dims=dims))
+    made = registry.made("rule", build_context(target, cuda, dims=dims, ranges=ranges))
     rules = [fallible(r, rule_failures) for r in made]
     named = [name_kernels_pass()] if rule_failures is not None else []
     return named + [dl.ApplyDefaultSchedule(*rules, dl.gpu.Fallback())]
@@ -134,7 +141,7 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
             if not stop_before_schedule:
                 passes += (list(extra_schedule_passes or [])
                            + cuda_schedule_passes(target, rule_failures, cuda,
-                                                  optimum_sizes(mod))
+                                                  optimum_sizes(mod), dim_ranges(mod))
                            + cuda_pipe.dataflow_lower_passes(target)
                            + cuda_pipe.finalize_passes(target))
             return tvm.transform.Sequential(passes)(mod)

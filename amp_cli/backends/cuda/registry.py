@@ -28,6 +28,9 @@ class BuildContext:
     # {symbolic dim name: the size to optimize for} of a dynamic module (its ranges' optima):
     # a kernel that serves every size picks its tiles for this one
     dims: dict = field(default_factory=dict)
+    # {symbolic dim name: (lo, hi)}: a kernel that serves every size may branch on the size
+    # between variants chosen over the whole range
+    ranges: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -214,17 +214,87 @@ def test_toggles_off_give_stock_lowering(resnet_like):
     assert not any("cuda_graph" in gv.name_hint for gv in lowered.get_global_vars())
 
 
-def test_symbolic_batch_pointwise_convs_become_gemms():
-    """A dynamic model's batch: a 1x1 stride-1 conv becomes the GEMM (same values on llvm at
-    every batch); a 3x3 or strided conv stays a conv (its GEMM's gather stage cannot be staged
-    through shared memory over a symbolic M: module docstring)."""
+def test_symbolic_batch_convs_become_gemms():
+    """A dynamic model's batch: a 1x1 stride-1 conv becomes the GEMM over M = N*H*W; a 3x3,
+    strided or 7x7 RGB-stem conv a batched GEMM (one image per batch entry, the stem's K padded
+    to whole vectors), each with the conv's values on llvm at two batches; a conv whose GEMM
+    would have a side under 32 stays a conv (no tensor-core schedule would take it)."""
     batch = tvm.tirx.Var("batch", "int64")
-    pointwise = _conv_module(batch, 8, 6, 6, 16, 1, 1, 0)
-    new = conv_to_gemm(pointwise)
-    assert "relax.nn.conv2d" not in _ops(new) and count_gemm_convs(pointwise) == 1
-    for n in (1, 3):
-        x = np.random.default_rng(n).uniform(-2, 2, (n, 8, 6, 6)).astype("float16")
-        ref, got = _run_llvm(pointwise, x), _run_llvm(new, x)
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    for k, stride, pad in ((3, 1, 1), (1, 2, 0)):
-        assert count_gemm_convs(_conv_module(batch, 8, 6, 6, 16, k, stride, pad)) == 0
+    # (c, hw, o, k, stride, pad, implicit GEMM, im2col kernels)
+    for c, hw, o, k, stride, pad, implicit, im2col in (
+            (8, 6, 16, 1, 1, 0, 0, 0),      # pointwise: M = N*H*W
+            (8, 6, 40, 3, 1, 1, 1, 0),      # 3x3 same, C % 8 == 0: implicit batched GEMM
+            (32, 12, 32, 1, 2, 0, 1, 0),    # 1x1 stride 2 (downsample)
+            (3, 20, 32, 7, 2, 3, 0, 1)):    # RGB stem: explicit im2col, K 147 -> 152
+        module = _conv_module(batch, c, hw, hw, o, k, stride, pad)
+        stats = {}
+        new = conv_to_gemm(module, implicit=True, stats=stats)
+        assert "relax.nn.conv2d" not in _ops(new) and count_gemm_convs(module) == 1
+        assert stats.get("implicit_gemm_convs", 0) == implicit
+        assert "amp_im2col" in new.script() if im2col else "amp_im2col" not in new.script()
+        for n in (1, 3):
+            x = np.random.default_rng(n).uniform(-2, 2, (n, c, hw, hw)).astype("float16")
+            ref, got = _run_llvm(module, x), _run_llvm(new, x)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    # 5x5 outputs (M = 25 per image), and K = 8 for a 1x1 stride-2 conv of 8 channels
+    for c, hw, k, stride, pad in ((16, 9, 3, 2, 1), (8, 12, 1, 2, 0)):
+        assert count_gemm_convs(_conv_module(batch, c, hw, hw, 40, k, stride, pad)) == 0
+
+
+def _dynamic_resnet_like(tmp_path):
+    import onnx
+
+    from amp_cli import load
+
+    model = _resnet_like_model()
+    for value in list(model.graph.input) + list(model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    path = tmp_path / "resnet_like_dynamic.onnx"
+    onnx.save(model, str(path))
+    return load(str(path), input_shapes={"input": ["1..32(8)", 3, 64, 64]})
+
+
+def test_symbolic_batch_convs_get_tensor_cores_on_sm90(tmp_path, monkeypatch):
+    """Every conv of the ResNet-shaped graph over a symbolic batch is a wmma GEMM kernel whose
+    grid has the images on blockIdx.z, and the source compiles with NVRTC and nvcc."""
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+    from fixtures.cuda_compile import compile_like_tvm
+
+    failures = []
+    lowered, kernels = _build_sm90(_dynamic_resnet_like(tmp_path), "fp16", failures)
+    assert not failures, failures
+    gemms = {k: tc for k, tc in kernels.items() if "conv_gemm" in k}
+    assert len(gemms) >= 7 and all(gemms.values()), kernels
+    assert not any("conv2d" in k for k in kernels), kernels
+    tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    src = tvm_compat.cuda_source(tvm_compat.compile_relax(
+        lowered, tgt, relax_pipeline=None, tir_pipeline=cuda_tir_pipeline(tgt, [])))
+    assert "blockIdx.z" in src
+    for mode in ("nvrtc", "nvcc"):
+        assert len(compile_like_tvm(src, mode, "sm_90", monkeypatch)) > 1000
+
+
+@pytest.mark.gpu
+def test_symbolic_batch_convs_on_gpu(tmp_path):
+    """The dynamic ResNet-shaped graph converted for the local GPU against ONNX Runtime fp32 at
+    five batches across 1..32 (fp16 in, fp32 accumulation: rel L2 <= 5e-3)."""
+    if not tvm_compat.has_cuda_device():
+        pytest.skip("no CUDA device")
+    import amp_cli
+    from amp_cli.accuracy import metrics, random_inputs
+    from amp_cli.config import ConvertConfig
+
+    model = _dynamic_resnet_like(tmp_path)
+    conv = amp_cli.convert(model, ConvertConfig(target="cuda"), isolate=False)
+    out = tmp_path / "out"
+    conv.save(out)
+    conv.cleanup()
+    dev = tvm_compat.cuda_device()
+    vm = tvm_compat.relax_vm(tvm_compat.load_module(str(out / "model.so")), dev)
+    for batch in (1, 3, 8, 17, 32):
+        feeds = random_inputs(model.inputs_at({"N": batch}), seed=batch)
+        ref = model.reference(feeds)[0]
+        got = vm["main"](tvm_compat.to_tvm_tensor(feeds["input"], dev)).numpy()
+        assert got.shape == (batch, 100)
+        m = metrics(ref, got)
+        assert m["rel_l2"] <= 5e-3, (batch, m)

@@ -114,6 +114,51 @@ def choose_config(batch: int, m: int, n: int, k: int, sm: int,
     return cfg
 
 
+def tile_variants(sizes_at, lo: int, hi: int, n: int, k: int, sm: int,
+                  acc_bytes: int = 4) -> list[tuple[int, TileConfig]]:
+    """The tiles :func:`choose_config` picks for a GEMM whose row count or batch is symbolic,
+    over its whole range: [(first value, tile), ...] ascending, one entry per run of values
+    with the same tile. ``sizes_at(v)`` = (batch, M) when the symbolic size is ``v`` (in
+    ``lo..hi``). Once the largest tile's grid fills the GPU (monotone in ``v``: found by
+    bisection) the choice no longer changes; below that every value is evaluated."""
+    options = fitting(sm, 2, acc_bytes)
+    if not options or lo > hi:
+        return []
+    wave = FULL_WAVE * sm_count(sm)
+
+    def fills(v):
+        batch, m = sizes_at(v)
+        return ctas(options[0], batch, m, n) >= wave
+
+    end = hi
+    if fills(hi):
+        a, b = lo - 1, hi  # the first value that fills is in (a, b]
+        while b - a > 1:
+            mid = (a + b) // 2
+            a, b = (a, mid) if fills(mid) else (mid, b)
+        end = b
+    variants = []
+    for v in range(lo, end + 1):
+        cfg = choose_config(*sizes_at(v), n, k, sm, acc_bytes)
+        if cfg is not None and (not variants or variants[-1][1] != cfg):
+            variants.append((v, cfg))
+    return variants
+
+
+def dispatch(funcs, size, starts: list[int]):
+    """One PrimFunc running ``funcs[i]`` (schedules of one GEMM, same parameters) when the
+    symbolic ``size`` is at least ``starts[i]`` and below ``starts[i+1]``: a host-side branch
+    around their kernels. The condition is marked thread-invariant (``tvm_thread_invariant``):
+    TVM's barrier planner refuses to place a kernel's barriers under any other condition."""
+    T = tvm_compat.tirx()
+    body = funcs[0].body
+    for func, start in zip(funcs[1:], starts[1:]):
+        cond = T.call_intrin("bool", "tirx.tvm_thread_invariant",
+                             size >= T.const(start, str(size.ty)))
+        body = T.IfThenElse(cond, func.body, body)
+    return funcs[0].with_body(body)
+
+
 # K step 64 instead of 32 (three stages instead of four) for long K loops: half the barriers and
 # address arithmetic per MMA and conflict-free cp.async writes (docs/gpu-performance.md). The
 # H200 sweep of 2026-12-03 measured it faster on the 128x64 tile at K=1024 (15.0 -> 12.6 us on

@@ -24,12 +24,21 @@ PrimFunc; amp's tensor-core schedule inlines it into the shared-memory loads, wh
 predicated 16-byte ``cp.async`` copies (zero fill outside the image). No im2col tensor is written
 or read. Other convs (the RGB stem, C=3) keep the explicit im2col.
 
-A dynamic model's batch may be symbolic for 1x1 stride-1 unpadded convolutions (the GEMM reads
-the image as it is: M = N*H*W rows, amp's tensor-core schedule pads M at run time). Other
-convolutions over a symbolic batch stay convolutions: their GEMM's A operand has producer stages
-(padding, im2col), and over a symbolic M neither amp's schedule nor dlight's
-``MatmulTensorization`` can place its shared-memory copy in the K loop (TVM's ``compute_at``
-refuses the scope), so the GEMM would lose its tensor cores.
+A dynamic model's batch may be symbolic. A 1x1 stride-1 unpadded convolution reads the image as
+it is: M = N*H*W rows, amp's tensor-core schedule pads M at run time. Any other convolution's
+GEMM has producer stages on its A operand (padding, im2col), and over a symbolic M = N*Ho*Wo
+neither amp's schedule nor dlight's ``MatmulTensorization`` can place that operand's
+shared-memory copy in the K loop (TVM's ``compute_at`` refuses the scope): it would lose its
+tensor cores, and as a plain conv2d it ran 10-140x slower than the static build (ResNet-50 on the
+H100, 2026-12-05: 305 ms vs 2.2 ms at batch 32). So such a conv becomes a *batched* GEMM: the
+images are the GEMM's batch (dlight's S axis, one grid row each, ``blockIdx.z``) and each image
+is a static [Ho*Wo, K] x [K, O] GEMM, whose tiles and copies are static. dlight's analysis puts
+an axis in S only when A, B and C all carry it, so B is read through a broadcast stage
+``B[n, o, k] = W[o, k]`` that every GEMM schedule inlines into its shared-memory copy (nothing
+is materialized). The explicit im2col of a channel count that is not a multiple of 8 (the RGB
+stem) pads K to a multiple of 8 with zero columns (zero weights): cp.async needs whole vectors
+along K. Such a conv is rewritten only where amp's tensor-core schedule takes it (fp16/bf16,
+every GEMM side >= 32); else it stays a conv.
 
 Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/N/K to its tile
 (``pad_einsum``), so odd channel counts still get tensor cores.
@@ -47,18 +56,50 @@ from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, shap
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
 
+# a symbolic-batch conv becomes a batched GEMM only if each side reaches the tensor-core rule's
+# minimum (rules/matmul.py MIN_EXTENT): else no GEMM schedule of amp's would take it
+BATCHED_MIN_SIDE = 32
+
+
+def _geometry(call) -> dict:
+    """The conv's sizes: c, o, kh, kw (any weight layout), ho, wo, strides, padding, dilation."""
+    a = call.attrs
+    x_shape, w_shape = shape_of(call.args[0]), static_shape(call.args[1])
+    if a.kernel_layout == "OHWI":
+        o, kh, kw, c = w_shape
+    else:
+        o, c, kh, kw = w_shape
+    h, w = (x_shape[1], x_shape[2]) if a.data_layout == "NHWC" else (x_shape[2], x_shape[3])
+    strides = [int(v) for v in a.strides]
+    dilation = [int(v) for v in a.dilation]
+    padding = [int(v) for v in a.padding]  # top, left, bottom, right
+    ho = (h + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    wo = (w + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    return dict(c=c, o=o, kh=kh, kw=kw, ho=ho, wo=wo, strides=strides, padding=padding,
+                dilation=dilation)
+
+
+def _pointwise(g: dict) -> bool:
+    return g["kh"] == g["kw"] == 1 and g["strides"] == [1, 1] and not any(g["padding"])
+
+
+def _padded_k(g: dict) -> int:
+    """K of the batched GEMM: kh*kw*C, rounded up to whole cp.async vectors (module doc)."""
+    k = g["kh"] * g["kw"] * g["c"]
+    return -(-k // IMPLICIT_CHANNEL_MULTIPLE) * IMPLICIT_CHANNEL_MULTIPLE
+
+
 def _is_candidate(call, want_layout: str | None = None) -> bool:
-    """fp16/bf16, groups=1 conv2d (in ``want_layout`` when given), static, or a pointwise one
-    (1x1, stride 1, unpadded) over a symbolic batch (module docstring)."""
+    """fp16/bf16, groups=1 conv2d (in ``want_layout`` when given), static, or over a symbolic
+    batch: a pointwise one (1x1, stride 1, unpadded) as a GEMM over M = N*H*W, any other as a
+    batched GEMM where amp's tensor-core schedule takes it (module docstring)."""
     if not conv2d_in(call, LOW_TYPES, want_layout, symbolic_batch=True) or \
             int(call.attrs.groups) != 1:
         return False
     if static_shape(call.args[0]) is not None:
         return True
-    a = call.attrs
-    return (static_shape(call.args[1])[1:3] in ([1, 1],) if a.kernel_layout == "OHWI" else
-            static_shape(call.args[1])[2:] == [1, 1]) and \
-        [int(s) for s in a.strides] == [1, 1] and not any(int(p) for p in a.padding)
+    g = _geometry(call)
+    return _pointwise(g) or min(g["ho"] * g["wo"], g["o"], _padded_k(g)) >= BATCHED_MIN_SIDE
 
 
 def count_gemm_convs(mod) -> int:
@@ -66,14 +107,15 @@ def count_gemm_convs(mod) -> int:
     return sum(1 for call in calls(mod) if _is_candidate(call))
 
 
-def _im2col(te, tirx, x, kh, kw, strides, padding, dilation, out_hw):
+def _im2col(te, tirx, x, kh, kw, strides, padding, dilation, out_hw, columns=None):
     """A[n, ho, wo, (i*kw + j)*C + c] = x[n, ho*sh + i*dh - pt, wo*sw + j*dw - pl, c]
-    (zero outside the image)."""
+    (zero outside the image, and in the ``columns - kh*kw*C`` zero columns of a padded K)."""
     n_, h_, w_, c_ = x.shape[0], *(int(d) for d in x.shape[1:])  # the batch may be symbolic
     ho_, wo_ = out_hw
     sh, sw = strides
     dh, dw = dilation
     pt, pl = padding[0], padding[1]
+    k_real = kh * kw * c_
 
     def value(n, ho, wo, k):
         i, r = k // (kw * c_), k % (kw * c_)
@@ -81,19 +123,35 @@ def _im2col(te, tirx, x, kh, kw, strides, padding, dilation, out_hw):
         h = ho * sh + i * dh - pt
         w = wo * sw + j * dw - pl
         inside = tirx.all(h >= 0, h < h_, w >= 0, w < w_)
+        if columns is not None and columns != k_real:
+            inside = tirx.all(inside, k < k_real)
         return tirx.if_then_else(inside, x[n, h, w, c], tirx.const(0, x.dtype))
 
-    return te.compute((n_, ho_, wo_, kh * kw * c_), value, name="im2col")
+    return te.compute((n_, ho_, wo_, columns or k_real), value, name="im2col")
 
 
-def _gemm_nt(te, a, b, out_dtype):
+def _per_image(te, b, batch):
+    """``B[n, o, k] = W[o, k]``: the weights as the batched GEMM's B (module docstring); every
+    GEMM schedule inlines this stage into its shared-memory copy."""
+    return te.compute((batch, *b.shape), lambda _n, oc, r: b[oc, r], name="weight_per_image")
+
+
+def _gemm_nt(te, a, b, out_dtype, batched: bool = False):
     """C[n, ho, wo, o] = sum_k A[n, ho, wo, k] * B[o, k], products and sum in ``out_dtype``.
     Keeping the NHWC output shape (no reshape after the GEMM) lets FuseOps fuse the elementwise
     epilogue (cast, bias, ReLU, residual add) into the GEMM kernel: it fuses elementwise and
-    broadcast consumers only, and a reshape in between would stop it."""
+    broadcast consumers only, and a reshape in between would stop it. ``batched``: the images
+    are the GEMM's batch (a symbolic batch, module docstring)."""
     n, (ho, wo, k) = a.shape[0], (int(d) for d in a.shape[1:])
     o = int(b.shape[0])
     r = te.reduce_axis((0, k), name="k")
+    if batched:
+        bn_ = _per_image(te, b, n)
+        return te.compute(
+            (n, ho, wo, o),
+            lambda bn, i, j, oc: te.sum(a[bn, i, j, r].astype(out_dtype)
+                                        * bn_[bn, oc, r].astype(out_dtype), axis=r),
+            name="conv_gemm")
     return te.compute(
         (n, ho, wo, o),
         lambda bn, i, j, oc: te.sum(a[bn, i, j, r].astype(out_dtype) * b[oc, r].astype(out_dtype),
@@ -104,11 +162,13 @@ def _gemm_nt(te, a, b, out_dtype):
 IMPLICIT_CHANNEL_MULTIPLE = 8
 
 
-def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw, out_dtype):
+def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw, out_dtype,
+                     batched: bool = False):
     """The conv as a GEMM that reads the image directly (no im2col tensor):
     ``y[n,ho,wo,o] = sum_k xp[n, ho*sh + i*dh, wo*sw + j*dw, c] * B[o, k]`` with
     ``k = (i*kw + j)*C + c`` and ``xp`` the zero-padded image, a stage of the same PrimFunc that
-    the tensor-core schedule inlines into its shared-memory loads (predicated cp.async)."""
+    the tensor-core schedule inlines into its shared-memory loads (predicated cp.async).
+    ``batched``: the images are the GEMM's batch (a symbolic batch, module docstring)."""
     n_, h_, w_, c_ = x.shape[0], *(int(d) for d in x.shape[1:])
     ho_, wo_ = out_hw
     sh, sw = strides
@@ -123,12 +183,14 @@ def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw,
 
         xp = te.compute((n_, h_ + pt + pb, w_ + pl + pr, c_), pad, name="pad")
     r = te.reduce_axis((0, kh * kw * c_), name="k")
+    weight = _per_image(te, b, n_) if batched else None
 
     def value(bn, ho, wo, oc):
         i, rest = r // (kw * c_), r % (kw * c_)
         j, c = rest // c_, rest % c_
+        bv = weight[bn, oc, r] if batched else b[oc, r]
         return te.sum(xp[bn, ho * sh + i * dh, wo * sw + j * dw, c].astype(out_dtype)
-                      * b[oc, r].astype(out_dtype), axis=r)
+                      * bv.astype(out_dtype), axis=r)
 
     return te.compute((n_, ho_, wo_, o), value, name="conv_gemm")
 
@@ -150,18 +212,26 @@ def _rewrite_conv(bb, call, implicit: bool = False):
     wo = (wd + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
     out_dtype = str(a.out_dtype) if str(a.out_dtype) not in ("", "void") else x.ty.dtype
 
-    if kh == kw == 1 and strides == [1, 1] and not any(padding):
+    pointwise = kh == kw == 1 and strides == [1, 1] and not any(padding)
+    batched = not isinstance(n, int) and not pointwise  # a symbolic batch: module docstring
+    if pointwise:
         cols = x  # already [N, H, W, C]
-    elif implicit and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
+    elif (implicit or batched) and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
         wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
         return bb.call_te(
             lambda xt, bt: implicit_gemm_te(te, tirx, xt, bt, kh, kw, strides, padding, dilation,
-                                          (ho, wo), out_dtype), x, wmat,
+                                          (ho, wo), out_dtype, batched), x, wmat,
             primfunc_name_hint="amp_conv_gemm_implicit"), True
     else:
+        columns = _padded_k(dict(kh=kh, kw=kw, c=c)) if batched else kh * kw * c
         cols = bb.emit_te(
-            lambda xt: _im2col(te, tirx, xt, kh, kw, strides, padding, dilation, (ho, wo)), x,
-            primfunc_name_hint="amp_im2col")
+            lambda xt: _im2col(te, tirx, xt, kh, kw, strides, padding, dilation, (ho, wo),
+                               columns), x, primfunc_name_hint="amp_im2col")
+        wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
+        if columns != kh * kw * c:  # zero weights for the zero columns (folded: a constant)
+            wmat = bb.emit(relax.op.nn.pad(wmat, [0, 0, 0, columns - kh * kw * c]))
+        return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype, batched), cols, wmat,
+                          primfunc_name_hint="amp_conv_gemm"), False
     wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
     return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), cols, wmat,
                       primfunc_name_hint="amp_conv_gemm"), False

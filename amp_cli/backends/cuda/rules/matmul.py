@@ -45,12 +45,14 @@ def _make_rule():
         """dlight's Matmul plus wmma for sides >= ``min_extent`` and for bf16 (see module doc)."""
 
         def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True,
-                     small_m: bool = True, dims: dict | None = None):
+                     small_m: bool = True, dims: dict | None = None,
+                     ranges: dict | None = None):
             super().__init__()
             self.min_extent = min_extent
             self.own_gemm = own_gemm
             self.small_m = small_m
             self.dims = dict(dims or {})
+            self.ranges = dict(ranges or {})
 
         def _wants_tensor_cores(self, func, info, target) -> str | None:
             """``info``: :func:`gemm_shape` of ``func``."""
@@ -78,7 +80,7 @@ def _make_rule():
                         return sch
                 kind = self._wants_tensor_cores(func, info, target)
             if kind is not None and self.own_gemm:
-                sch = _own_schedule(func, kind, info, arch_sm(target), self.dims)
+                sch = _own_schedule(func, kind, info, arch_sm(target), self.dims, self.ranges)
                 if sch is not None:
                     return sch
             if kind == "float16":
@@ -97,26 +99,82 @@ def _make_rule():
 
 # M of a symbolic GEMM when the ranges' optima do not give it: a few waves of mid-size tiles
 SYMBOLIC_M_GUESS = 1024
+# the batch of a batched GEMM over a symbolic batch when the optima do not give it
+SYMBOLIC_BATCH_GUESS = 8
+# tile variants are chosen over sizes up to this (a range's max may be huge; the largest tile
+# fills the GPU long before)
+MAX_VARIANT_SIZE = 1 << 24
 
 
-def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None):
-    """amp's cp.async wmma schedule (``tc_gemm``) for a GEMM with static batch, N and K (``info``:
-    its :func:`gemm_shape`); a symbolic M gets the tile for M at ``dims`` ({dim: optimum},
-    module docstring). Else None (symbolic N or K: MatmulTensorization pads them)."""
+def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None,
+                  ranges: dict | None = None):
+    """amp's cp.async wmma schedule (``tc_gemm``) for a GEMM with static N and K (``info``: its
+    :func:`gemm_shape`); a symbolic M or a symbolic batch (not both) gets the tile for its value
+    at ``dims`` ({dim: optimum}, module docstring). Else None (symbolic N or K:
+    MatmulTensorization pads them)."""
     if info is None:
         return None
     _, out_dtype, batch, sizes = info
-    if batch is None or sizes[1] is None or sizes[2] is None:
+    if sizes[1] is None or sizes[2] is None or (batch is None and sizes[0] is None):
         return None
-    m_at = sizes[0]
-    if m_at is None:
-        symbolic = gemm_shape(func, symbolic=True)
-        m_at = tvm_compat.size_upper_bound(symbolic[3][0], dims or {}) if symbolic else None
-        if not isinstance(m_at, int) or m_at < 1:
-            m_at = SYMBOLIC_M_GUESS
+    symbolic = gemm_shape(func, symbolic=True) if None in (batch, sizes[0]) else None
+
+    def at_optimum(size, guess):
+        """A symbolic size's value at the ranges' optima (``dims``), else ``guess``."""
+        value = tvm_compat.size_upper_bound(size, dims or {}) if symbolic else None
+        return value if isinstance(value, int) and value >= 1 else guess
+
+    m_at = sizes[0] if sizes[0] is not None else at_optimum(symbolic[3][0], SYMBOLIC_M_GUESS)
+    # a symbolic batch (the images of a conv over a dynamic batch): one grid row per batch
+    # entry, the tile chosen for the batch at its optimum
+    batch_at = batch if batch is not None else at_optimum(symbolic[2], SYMBOLIC_BATCH_GUESS)
     acc = "float16" if out_dtype == "float16" else "float32"
-    return tc_gemm.schedule_gemm(func, in_dtype, acc, batch, [m_at, *sizes[1:]], sm,
+    variants = _variants(symbolic, batch, sizes, sm, ranges, acc) if symbolic else []
+    if len(variants) > 1:
+        return _dispatched(func, in_dtype, acc, symbolic, batch, sizes, sm, variants)
+    return tc_gemm.schedule_gemm(func, in_dtype, acc, batch_at, [m_at, *sizes[1:]], sm,
                                  rows=sizes[0])
+
+
+def _symbolic_size(symbolic, batch):
+    """The symbolic size of a GEMM (:func:`gemm_shape` with ``symbolic``): M, or the batch."""
+    return symbolic[3][0] if batch is not None else symbolic[2]
+
+
+def _variants(symbolic, batch, sizes, sm: int, ranges: dict | None, acc: str) -> list:
+    """``tc_gemm.tile_variants`` over the symbolic size's range (``ranges``: {dim: (lo, hi)});
+    [] when a dim has no range."""
+    if not ranges:
+        return []
+    size = _symbolic_size(symbolic, batch)
+    lo = tvm_compat.size_upper_bound(size, {d: r[0] for d, r in ranges.items()})
+    hi = tvm_compat.size_upper_bound(size, {d: r[1] for d, r in ranges.items()})
+    if not (isinstance(lo, int) and isinstance(hi, int)) or lo < 1:
+        return []
+    if batch is not None:
+        def sizes_at(v):
+            return batch, v
+    else:
+        def sizes_at(v):
+            return v, sizes[0]
+    return tc_gemm.tile_variants(sizes_at, lo, min(hi, MAX_VARIANT_SIZE), sizes[1], sizes[2],
+                                 sm, 2 if acc == "float16" else 4)
+
+
+def _dispatched(func, in_dtype: str, acc: str, symbolic, batch, sizes, sm: int, variants):
+    """One schedule per tile of ``variants``, behind a host-side branch on the symbolic size
+    (``tc_gemm.dispatch``); None unless every variant schedules."""
+    tvm = tvm_compat.tvm()
+    funcs = []
+    for start, cfg in variants:
+        b, m = (batch, start) if batch is not None else (start, sizes[0])
+        sch = tc_gemm.schedule_gemm(func, in_dtype, acc, b, [m, *sizes[1:]], sm, cfg,
+                                    rows=sizes[0])
+        if sch is None:
+            return None
+        funcs.append(sch.mod["main"])
+    size = _symbolic_size(symbolic, batch)
+    return tvm.s_tir.Schedule(tc_gemm.dispatch(funcs, size, [v for v, _ in variants]))
 
 
 def _small_m_schedule(func, info, sm: int):
@@ -128,14 +186,16 @@ def _small_m_schedule(func, info, sm: int):
 
 
 def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
-              small_m: bool = True, dims: dict | None = None):
+              small_m: bool = True, dims: dict | None = None,
+              ranges: dict | None = None):
     """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
     fp16/bf16 GEMMs with static N and K use amp's pipelined wmma schedule (tc_gemm) first, and
     static GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
-    ``small_m`` is off. ``dims``: {symbolic dim: optimum} of a dynamic module."""
-    return _make_rule()(min_extent, own_gemm, small_m, dims)
+    ``small_m`` is off. ``dims``: {symbolic dim: optimum} of a dynamic module; ``ranges``:
+    {symbolic dim: (lo, hi)}, over which a symbolic GEMM gets one tile variant per size band."""
+    return _make_rule()(min_extent, own_gemm, small_m, dims, ranges)
 
 
 @register("matmul", "rule", 10, reads=("small_gemm",))
 def make_rule(ctx):
-    return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims)
+    return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims, ranges=ctx.ranges)
