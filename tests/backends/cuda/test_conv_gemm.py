@@ -222,7 +222,8 @@ def test_symbolic_batch_convs_become_gemms():
     batch = tvm.tirx.Var("batch", "int64")
     # (c, hw, o, k, stride, pad, implicit GEMM, im2col kernels)
     for c, hw, o, k, stride, pad, implicit, im2col in (
-            (8, 6, 16, 1, 1, 0, 0, 0),      # pointwise: M = N*H*W
+            (8, 6, 16, 1, 1, 0, 0, 0),      # pointwise, sides < 32: M = N*H*W
+            (64, 8, 48, 1, 1, 0, 0, 0),     # pointwise: batched GEMM (faster on the GPU)
             (8, 6, 40, 3, 1, 1, 1, 0),      # 3x3 same, C % 8 == 0: implicit batched GEMM
             (32, 12, 32, 1, 2, 0, 1, 0),    # 1x1 stride 2 (downsample)
             (3, 20, 32, 7, 2, 3, 0, 1)):    # RGB stem: explicit im2col, K 147 -> 152
@@ -232,6 +233,8 @@ def test_symbolic_batch_convs_become_gemms():
         assert "relax.nn.conv2d" not in _ops(new) and count_gemm_convs(module) == 1
         assert stats.get("implicit_gemm_convs", 0) == implicit
         assert "amp_im2col" in new.script() if im2col else "amp_im2col" not in new.script()
+        # batched: every case but the small pointwise one
+        assert ("weight_per_image" in new.script()) == (o != 16)
         for n in (1, 3):
             x = np.random.default_rng(n).uniform(-2, 2, (n, c, hw, hw)).astype("float16")
             ref, got = _run_llvm(module, x), _run_llvm(new, x)

@@ -24,8 +24,11 @@ PrimFunc; amp's tensor-core schedule inlines it into the shared-memory loads, wh
 predicated 16-byte ``cp.async`` copies (zero fill outside the image). No im2col tensor is written
 or read. Other convs (the RGB stem, C=3) keep the explicit im2col.
 
-A dynamic model's batch may be symbolic. A 1x1 stride-1 unpadded convolution reads the image as
-it is: M = N*H*W rows, amp's tensor-core schedule pads M at run time. Any other convolution's
+A dynamic model's batch may be symbolic. A 1x1 stride-1 unpadded convolution could read the
+image as it is, M = N*H*W rows with M padded at run time, but that GEMM ran 30-50x slower than
+the static one (ResNet-50 on the H100, 2026-12-05, benchmarks/kernel_profile.py), so it takes
+the batched form below where its sides allow, and M = N*H*W only where they do not. Any other
+convolution's
 GEMM has producer stages on its A operand (padding, im2col), and over a symbolic M = N*Ho*Wo
 neither amp's schedule nor dlight's ``MatmulTensorization`` can place that operand's
 shared-memory copy in the K loop (TVM's ``compute_at`` refuses the scope): it would lose its
@@ -213,7 +216,14 @@ def _rewrite_conv(bb, call, implicit: bool = False):
     out_dtype = str(a.out_dtype) if str(a.out_dtype) not in ("", "void") else x.ty.dtype
 
     pointwise = kh == kw == 1 and strides == [1, 1] and not any(padding)
-    batched = not isinstance(n, int) and not pointwise  # a symbolic batch: module docstring
+    # a symbolic batch: a batched GEMM (module docstring), a pointwise conv too where its sides
+    # allow (over M = N*H*W it ran 30-50x slower than static on the H100, 2026-12-05)
+    batched = not isinstance(n, int) and \
+        min(ho * wo, o, _padded_k(dict(kh=kh, kw=kw, c=c))) >= BATCHED_MIN_SIDE
+    if pointwise and batched and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
+        wmat = bb.emit(relax.op.reshape(w, [o, c]))
+        return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype, True), x, wmat,
+                          primfunc_name_hint="amp_conv_gemm"), False
     if pointwise:
         cols = x  # already [N, H, W, C]
     elif (implicit or batched) and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
