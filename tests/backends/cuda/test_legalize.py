@@ -224,7 +224,8 @@ def test_pipeline_matches_tvm_default():
     stock = names("default")
     ours = names(cuda_tir_pipeline(_target("sm_90"), []))
     wrappers = {"amp.LaneLegalize", "amp.CudaTIRPipeline", "amp.TypedAccessPtr",
-                "amp.SyncStridedAsyncCopy", "amp.ExactPow", "_pipeline", "sequential"}
+                "amp.SyncStridedAsyncCopy", "amp.ExactPow", "amp.NonFiniteConstants", "_pipeline",
+                "sequential"}
     ours_wo = [n for n in ours if n not in wrappers]
     stock_wo = [n for n in stock if n not in wrappers]
     assert ours_wo == stock_wo
@@ -235,6 +236,7 @@ def test_pipeline_matches_tvm_default():
     j = ours.index("amp.SyncStridedAsyncCopy")
     assert ours[j + 1] == "s_tir.InjectPTXAsyncCopy"
     assert ours[ours.index("tirx.LowerIntrin", i):].count("amp.LaneLegalize") >= 1
+    assert ours.index("amp.NonFiniteConstants") > ours.index("tirx.LowerIntrin", i)  # last
 
 
 def test_records_are_plain_data():
