@@ -84,6 +84,9 @@ def parse_args(argv):
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch runners")
     ap.add_argument("--no-compile-modes", action="store_true",
                     help="skip torch.compile (eager only)")
+    ap.add_argument("--torch-modes", default=None,
+                    help="comma list of the PyTorch runners to build, from " +
+                         ", ".join(TORCH_MODES) + " [default: all but max-autotune]")
     ap.add_argument("--ort", action="store_true",
                     help="also time ONNX Runtime (CUDA provider if installed, else CPU)")
     ap.add_argument("--no-profile", action="store_true", help="skip amp's per-kernel profile")
@@ -96,6 +99,32 @@ def parse_args(argv):
     ap.add_argument("--workdir", default=None, help="keep ONNX files and builds here")
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
+
+
+# the PyTorch runners: short name -> (row label, dtype, torch.compile mode or None for eager)
+TORCH_MODES = {
+    "eager-fp32": ("torch eager fp32", "float32", None),
+    "eager-fp16": ("torch eager fp16", "float16", None),
+    "default": ("torch.compile fp16", "float16", "default"),
+    "reduce-overhead": ("torch.compile fp16 reduce-overhead", "float16", "reduce-overhead"),
+    "max-autotune": ("torch.compile fp16 max-autotune", "float16", "max-autotune"),
+}
+
+
+def torch_modes(args) -> list[tuple]:
+    """The PyTorch runners ``args`` asks for, as (label, dtype, mode) in TORCH_MODES order."""
+    if args.torch_modes is not None:
+        wanted = [m.strip() for m in args.torch_modes.split(",") if m.strip()]
+        unknown = [m for m in wanted if m not in TORCH_MODES]
+        if unknown:
+            raise SystemExit(f"--torch-modes: unknown {', '.join(unknown)}; choose from "
+                             f"{', '.join(TORCH_MODES)}")
+    else:
+        wanted = ["eager-fp32", "eager-fp16"]
+        if not args.no_compile_modes:
+            wanted += ["default", "reduce-overhead"] + (["max-autotune"] if args.max_autotune
+                                                         else [])
+    return [TORCH_MODES[m] for m in TORCH_MODES if m in wanted]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,12 +387,7 @@ def prepare_torch(suite, weights, feeds, specs, args, result, deadline) -> dict:
     result["torch_settings"] = {"allow_tf32": False, "cudnn.benchmark": True,
                                 "torch": torch.__version__, "cuda": torch.version.cuda,
                                 "gpu": torch.cuda.get_device_name(0)}
-    modes = [("torch eager fp32", "float32", None), ("torch eager fp16", "float16", None)]
-    if not args.no_compile_modes:
-        modes += [("torch.compile fp16", "float16", "default"),
-                  ("torch.compile fp16 reduce-overhead", "float16", "reduce-overhead")]
-        if args.max_autotune:
-            modes.append(("torch.compile fp16 max-autotune", "float16", "max-autotune"))
+    modes = torch_modes(args)
     runs: dict = {}
     for m in suite:
         module = m.make_torch(weights[m.name])
