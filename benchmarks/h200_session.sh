@@ -9,7 +9,8 @@
 #        (nine models and their torch.compile runs do not fit one 10-minute call: run
 #        `suite cnn`, `suite transformers`, `suite rest` -- groups of the default list)
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
-#   bash benchmarks/h200_session.sh corpus NAMES   # issue 20: corpus rows on cuda (fp16,bf16)
+#   bash benchmarks/h200_session.sh corpus NAMES [NAMES...]  # issue 20: corpus rows on cuda
+#        (fp16,bf16; each NAMES group exported and run in parallel with the others)
 #
 # Each step prints a short table last and leaves full logs / JSON under $OUT.
 set -uo pipefail
@@ -58,17 +59,28 @@ case "$step" in
       2>&1 | tee "$OUT/dynamic_bench.log" | tail -40
     ;;
   corpus)
-    names=${1:?corpus needs model names, e.g. gpt2,bert,vit_b_16}
-    shift
-    work=/tmp/amp-corpus
-    [ -f "$work/manifest.json" ] || "$PY" -m benchmarks.corpus export "$work" --scale tiny \
-      > "$OUT/corpus_export.log" 2>&1
-    timeout 560 "$PY" -m benchmarks.corpus run "$work" --target cuda --precision fp16,bf16 \
-      --only "$names" --timeout 240 --json "$OUT/corpus_cuda.json" "$@" \
-      2>&1 | tee "$OUT/corpus_cuda.log" | tail -60
+    # each argument is a group of model names, exported and run in its own folder; the
+    # groups run side by side (export of one overlaps the builds of another), 4 builds each
+    [ "$#" -gt 0 ] || { echo "corpus needs model names, e.g. gpt2,bert vit_b_16"; exit 2; }
+    i=0
+    end=$((SECONDS + ${CORPUS_BUDGET_S:-540}))  # the whole step, exports included
+    for names in "$@"; do
+      i=$((i + 1))
+      (
+        work=/tmp/amp-corpus-$i
+        [ -f "$work/manifest.json" ] || timeout 240 "$PY" -m benchmarks.corpus export "$work" \
+          --scale tiny --only "$names" > "$work.export.log" 2>&1
+        timeout $((end - SECONDS)) "$PY" -m benchmarks.corpus run "$work" --target cuda --precision fp16,bf16 \
+          --jobs "${CORPUS_JOBS:-4}" --timeout 300 --json "$OUT/corpus_cuda_$i.json" \
+          > "$OUT/corpus_cuda_$i.log" 2>&1
+        tail -3 "$work.export.log" >> "$OUT/corpus_cuda_$i.log"
+      ) &
+    done
+    wait
+    cat "$OUT"/corpus_cuda_*.log | grep -v '^ *$' | tail -120
     ;;
   *)
-    sed -n "2,13p" "$0"
+    sed -n "2,15p" "$0"
     exit 2
     ;;
 esac

@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "[default: 900]")
     r.add_argument("--json", type=Path, help="write all rows here (updated after each row)")
     r.add_argument("--amp", help="the amp command [default: this Python's -m amp_cli]")
+    r.add_argument("--jobs", type=int, default=1, help="conversions at a time [default: 1]")
 
     return p
 
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(bool(m.get('degenerate')) for m in manifest['models'])} degenerate")
     else:
         rows = run.run_corpus(args.outdir, args.target, args.precision.split(","),
-                              parse_names(args.only), args.timeout, args.amp, args.json)
+                              parse_names(args.only), args.timeout, args.amp, args.json,
+                              jobs=args.jobs)
         ok = sum(r.get("rc") == 0 for r in rows)
         print(f"{ok}/{len(rows)} conversions exited 0")
     return 0

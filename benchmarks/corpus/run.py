@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -179,26 +180,43 @@ def format_row(row: dict) -> str:
 
 
 def run_corpus(outdir: Path, target: str, precisions: list[str], only: set[str] | None,
-               timeout: float, amp: str | None, json_path: Path | None, log=print) -> list[dict]:
-    """Convert each exported model of `outdir/manifest.json` at each precision, printing rows."""
+               timeout: float, amp: str | None, json_path: Path | None, log=print,
+               jobs: int = 1) -> list[dict]:
+    """Convert each exported model of `outdir/manifest.json` at each precision, printing rows
+    as they finish (`jobs` conversions at a time, each its own `amp convert` process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     manifest = json.loads((outdir / "manifest.json").read_text())
     amp_cmd = shlex.split(amp) if amp else [sys.executable, "-m", "amp_cli"]
     results_dir = outdir / "results"
     results_dir.mkdir(exist_ok=True)
     log(" ".join(format_cell(k, w) for k, w in COLUMNS))
-    rows = []
+    rows, lock = [], threading.Lock()
+
+    def add(row: dict) -> None:
+        with lock:
+            rows.append(row)
+            log(format_row(row))
+            if json_path:  # rewritten after every row: a long run killed midway keeps its rows
+                json_path.write_text(json.dumps({"target": target, "rows": rows}, indent=1))
+
+    work = []
     for entry in manifest["models"]:
         if only and not {entry["name"], f"{entry['name']}.{entry['exporter']}"} & only:
             continue
         if not entry.get("file"):
-            rows.append({"name": entry["name"], "exporter": entry["exporter"], "rc": None,
-                         "error": f"not exported: {entry.get('export_error')}"})
-            log(format_row(rows[-1]))
+            add({"name": entry["name"], "exporter": entry["exporter"], "rc": None,
+                 "error": f"not exported: {entry.get('export_error')}"})
             continue
-        for precision in precisions:
-            rows.append(convert_entry(entry, outdir, amp_cmd, target, precision, timeout,
-                                      results_dir))
-            log(format_row(rows[-1]))
-            if json_path:  # rewritten after every row: a long run killed midway keeps its rows
-                json_path.write_text(json.dumps({"target": target, "rows": rows}, indent=1))
+        work += [(entry, precision) for precision in precisions]
+    def one(entry: dict, precision: str) -> None:
+        try:
+            add(convert_entry(entry, outdir, amp_cmd, target, precision, timeout, results_dir))
+        except Exception as exc:  # noqa: BLE001 - the runner's own failure is a row too
+            add({"name": entry["name"], "exporter": entry["exporter"], "prec": precision,
+                 "rc": None, "error": f"corpus runner: {type(exc).__name__}: {exc}"[:300]})
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for entry, precision in work:
+            pool.submit(one, entry, precision)
     return rows

@@ -132,9 +132,15 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
             mod, renamed = make_identifiers(mod)
             if ctx.stats is not None:
                 ctx.stats[RENAMED] = len(renamed)
+            # CanonicalizeBindings before and after amp's rewrites: the importers and the
+            # rewrites (a reshape pair that cancels) leave aliases `y = x`; the rewrites'
+            # pattern matching stops at one, and FuseOps ends a kernel at one, so the ops
+            # after it (a GEMM's GELU, a residual add) would run as kernels of their own
             passes = (cuda_pipe.library_dispatch_passes(target)
+                      + [relax.transform.CanonicalizeBindings()]
                       + registry.made("graph", ctx)
-                      + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                      + [relax.transform.CanonicalizeBindings(),
+                         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                          relax.transform.FoldConstant(), relax.transform.FuseOps(),
                          relax.transform.FuseTIR()]
                       + registry.made("tir", ctx))

@@ -67,13 +67,26 @@ def _chains():
         t = e(relax.TupleGetItem(e(relax.op.split(x, [40, 88], axis=2)), 1))
         return e(relax.op.permute_dims(t, [0, 2, 1]))
 
+    def mha_select(e, x):  # torch MultiheadAttention's packed in-projection [S, B, 3E] -> k
+        t = e(relax.op.expand_dims(e(relax.op.reshape(x, (8, 2, 3, 48))), [0]))
+        t = e(relax.op.squeeze(e(relax.op.permute_dims(t, [3, 1, 2, 0, 4])), [-2]))
+        t = e(relax.op.take(t, relax.const(1, "int64"), axis=0))            # proj[1]
+        t = e(relax.op.permute_dims(e(relax.op.reshape(t, (8, 6, 16))), [1, 0, 2]))
+        return e(relax.op.reshape(t, (2, 3, 8, 16)))                      # [B, H, S, D]
+
+    def take_keep(e, x):   # a [1] index keeps its axis; squeeze() drops every size-1 axis
+        t = e(relax.op.take(x, relax.const(np.array([5], "int64")), axis=1))
+        return e(relax.op.squeeze(e(relax.op.expand_dims(t, [-1])), None))
+
     return [((2, 8, 48), heads, 1.0), ((2, 8, 3, 16), dynamo_kt, 1.0),
             ((2, 8, 144), packed_k, 0.5), ((2, 8, 144), split_v, 1.0),
-            ((2, 8, 144), split_at, 1.0)]
+            ((2, 8, 144), split_at, 1.0), ((8, 2, 144), mha_select, 1.0),
+            ((2, 8, 144), take_keep, 1.0)]
 
 
 @pytest.mark.parametrize("shape,make,factor", _chains(),
-                         ids=["heads", "dynamo_kt", "packed_k", "split_v", "split_at"])
+                         ids=["heads", "dynamo_kt", "packed_k", "split_v", "split_at",
+                              "mha_select", "take_keep"])
 def test_views_read_what_the_chain_computes(shape, make, factor):
     x = relax.Var("x", relax.TensorType(shape, "float32"))
     bb = relax.BlockBuilder()

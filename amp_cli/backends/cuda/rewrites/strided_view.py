@@ -1,9 +1,12 @@
 """Which elements of a materialized tensor a chain of layout ops reads: a strided view.
 
-A kernel that takes its operand through strides can read ``permute_dims``, ``reshape`` and
-``strided_slice`` chains in place instead of running them as copy kernels. Exporters write such
+A kernel that takes its operand through strides can read ``permute_dims``, ``reshape``,
+``strided_slice``, ``expand_dims`` / ``squeeze`` and constant-index ``take`` chains in place
+instead of running them as copy kernels. Exporters write such
 chains around every attention: the head split ``reshape -> permute``, K^T as ``permute`` or (the
-dynamo exporter) ``reshape -> permute -> reshape``, Q/K/V as slices of a combined projection.
+dynamo exporter) ``reshape -> permute -> reshape``, Q/K/V as slices of a combined projection
+(torch's ``nn.MultiheadAttention``: ``unflatten -> unsqueeze -> transpose -> squeeze`` and
+``proj[0]``, ``proj[1]``, ``proj[2]``, exported as constant-index ``Gather``s).
 A multiply by a positive scalar constant on the way (``q * sqrt(scale)``) changes no address;
 its factor is returned for the kernel to apply.
 
@@ -187,6 +190,33 @@ def _step(dims, offset, factor, call):
                 return None
             dims, offset = sliced
         return dims, offset, factor
+    if name == "relax.expand_dims":  # new size-1 dims: no digits
+        rank = len(dims) + len(call.attrs.axis)
+        new_axes = {int(a) % rank for a in call.attrs.axis}
+        rest = iter(dims)
+        return [[] if i in new_axes else next(rest) for i in range(rank)], offset, factor
+    if name == "relax.squeeze":
+        shape = shape_of(call.args[0])
+        if shape is None:
+            return None
+        axes = call.attrs.axis
+        drop = ({i for i, n in enumerate(shape) if _is(n, 1)} if axes is None
+                else {int(a) % len(dims) for a in axes})
+        if not all(_is(shape[i], 1) for i in drop):
+            return None
+        return [d for i, d in enumerate(dims) if i not in drop], offset, factor
+    if name == "relax.take":  # x[..., i, ...] at a constant index: a slice of one
+        index, shape = _take_index(call), shape_of(call.args[0])
+        if index is None or shape is None or not isinstance(shape[index[0]], int):
+            return None
+        axis, i, keep = index
+        if not 0 <= i < shape[axis]:  # (relax's take reads a negative index out of bounds)
+            return None
+        sliced = _slice(dims, offset, axis, i, 1)
+        if sliced is None:
+            return None
+        dims, offset = sliced
+        return (dims if keep else dims[:axis] + dims[axis + 1:]), offset, factor
     scaled = positive_scale(call)
     if scaled is not None and _all_are(shape_of(call) or [],
                                        [math.prod(n for n, _ in d) for d in dims]):
@@ -194,9 +224,30 @@ def _step(dims, offset, factor, call):
     return None
 
 
+def _take_index(call) -> tuple | None:
+    """(axis, index, keeps the axis) of ``take(x, c, axis)`` with a one-element integer
+    constant ``c`` (a 0-d index drops the axis, a [1] index keeps it), else None."""
+    if op_name(call) != "relax.take" or call.attrs.axis is None:
+        return None
+    c = call.args[1]
+    if not isinstance(c, tvm_compat.tvm().ir.expr.Constant):
+        return None
+    value = c.value.numpy()
+    if value.size != 1 or value.ndim > 1 or value.dtype.kind not in "iu":
+        return None
+    rank = len(shape_of(call.args[0]) or ())
+    if rank == 0:
+        return None
+    return int(call.attrs.axis) % rank, int(value.reshape(-1)[0]), value.ndim == 1
+
+
+LAYOUT_OPS = ("relax.permute_dims", "relax.reshape", "relax.strided_slice",
+              "relax.expand_dims", "relax.squeeze")
+
+
 def _is_layout_op(call) -> bool:
-    return op_name(call) in ("relax.permute_dims", "relax.reshape",
-                             "relax.strided_slice") or positive_scale(call) is not None
+    return (op_name(call) in LAYOUT_OPS or _take_index(call) is not None
+            or positive_scale(call) is not None)
 
 
 @dataclass(frozen=True)
@@ -235,7 +286,7 @@ def _split_piece(expr, lookup) -> _Piece | None:
     return _Piece(split.args[0], axis, bounds[i], bounds[i + 1])
 
 
-def views(expr, lookup, max_depth: int = 8) -> list[View]:
+def views(expr, lookup, max_depth: int = 16) -> list[View]:
     """Each way to read ``expr`` in place, deepest source first (module docstring)."""
     chain = [expr]          # chain[i + 1] is the tensor operand of the layout op chain[i]
     while len(chain) <= max_depth:
