@@ -76,3 +76,40 @@ def test_bert_layer_epilogues_fuse_into_gemms_on_sm90(fp16_encoder_layer):
     assert not any(k.startswith("fused_reshape") for k in sunk), sunk
     assert any(k.startswith("fused_reshape") for k in plain), plain  # what it was before
     assert len(sunk) < len(plain)
+
+
+def test_gelu_after_a_3d_linear_layer_fuses_into_its_gemm_on_sm90(tmp_path):
+    """An exported ``MatMul(x[B, S, K], W) -> Add -> Gelu -> MatMul`` (ONNX's own Gelu op): the
+    importer's flatten/unflatten reshapes cancel, leaving an alias ``y = x`` in their place,
+    at which FuseOps ended the GEMM's kernel (GELU ran as a kernel of its own; so did the
+    residual adds of every real ViT / ConvNeXt export). The GELU must be in the GEMM's kernel."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import amp_cli
+    from amp_cli.config import ConvertConfig
+    from amp_cli.target import resolve_target
+    from amp_cli.tuning.tasks import fused_module
+
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("W1", rng.standard_normal((64, 256)) * 0.1), ("b1", rng.standard_normal(256) * 0.1),
+        ("W2", rng.standard_normal((256, 64)) * 0.1))]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["m1"]),
+             helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Gelu", ["a1"], ["g"]),
+             helper.make_node("MatMul", ["g", "W2"], ["m2"]),
+             helper.make_node("Add", ["m2", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 64])], init)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    fused = fused_module(amp_cli.load(str(path)), ConvertConfig(target="cuda:sm_90"),
+                         resolve_target("cuda:sm_90"))
+    kernels = sorted(gv.name_hint for gv, f in fused.functions_items()
+                     if isinstance(f, tvm_compat.prim_func_class()))
+    assert any("matmul_nt" in k and "gelu" in k for k in kernels), kernels
+    assert not any(k.startswith("gelu") for k in kernels), kernels
+    # the residual add of the second GEMM is in its kernel too: no add-only kernel
+    assert not any(k.startswith(("add", "fused_add")) for k in kernels), kernels
