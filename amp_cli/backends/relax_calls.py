@@ -79,6 +79,30 @@ def calls(mod) -> list:
     return found
 
 
+def bindings_and_users(mod) -> tuple[dict, dict]:
+    """(var -> its bound value, var -> the expressions that use it) over ``mod``'s Relax
+    functions; a function's result counts as a use."""
+    relax = tvm_compat.relax()
+    bound: dict = {}
+    users: dict = {}
+
+    def note(user):
+        def visit(e):
+            if isinstance(e, relax.Var):
+                users.setdefault(e, []).append(user)
+        return visit
+
+    for _, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                bound[binding.var] = binding.value
+                relax.analysis.post_order_visit(binding.value, note(binding.value))
+        relax.analysis.post_order_visit(func.body.body, note(func.body.body))
+    return bound, users
+
+
 def entry_functions(mod) -> list[str]:
     relax = tvm_compat.relax()
     return [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]

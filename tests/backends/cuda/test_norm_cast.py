@@ -83,6 +83,21 @@ def test_fp16_source_is_read_directly():
     assert not any(op_name(c) == "relax.astype" for c in calls(new))
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_pre_ln_cast_norm_cast_is_one_kernel_with_only_the_low_output(dynamic):
+    """A pre-LN transformer's ``astype(h, fp32) -> layer_norm -> astype(fp16)`` (GPT-2, ViT,
+    Whisper): the kernel reads h and writes only the fp16 output (nothing reads fp32)."""
+    new, fused, declined = nc.fuse_norm_casts(
+        _ln_module(other=False, source="float16", dynamic=dynamic))
+    assert (fused, declined) == (1, {})
+    (call,) = _kernel_calls(new)
+    assert call.args[1].fields[0].ty.dtype == "float16"
+    assert isinstance(call.ty, relax.TensorType) and call.ty.dtype == "float16"
+    assert not any(op_name(c) in ("relax.astype", "relax.nn.layer_norm") for c in calls(new))
+    mm = next(c for c in calls(new) if op_name(c) == "relax.matmul")
+    assert mm.args[0].ty.dtype == "float16"
+
+
 def test_what_is_left_alone():
     for mod in (_ln_module(other=False),          # cast only: FuseOps fuses it already
                 _ln_module(axes=(1, 2))):         # not the last axis alone
@@ -191,13 +206,19 @@ def test_kernel_values_on_llvm(shape, in_dtype):
     low = tvm.runtime.tensor(np.zeros(shape, "float16"), dev)
     lib["main"](*(tvm.runtime.tensor(a, dev) for a in (x, gamma, beta)), out, low)
     _check(out.numpy(), low.numpy(), x, gamma, beta, eps)
+    # the low-only kernel writes the same fp16 values
+    only = tvm.compile(tvm.IRModule({"main": nc.norm_cast_compute(
+        shape, eps, in_dtype, "float16", fp32_out=False)}), target="llvm")
+    low_only = tvm.runtime.tensor(np.ones(shape, "float16"), dev)
+    only["main"](*(tvm.runtime.tensor(a, dev) for a in (x, gamma, beta)), low_only)
+    np.testing.assert_array_equal(low_only.numpy(), low.numpy())
 
 
-def _kernel_source(shape, in_dtype=F32, low="float16", arch="sm_90"):
+def _kernel_source(shape, in_dtype=F32, low="float16", arch="sm_90", fp32_out=True):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    func = nc.norm_cast_func(shape, 1e-12, in_dtype, low)
+    func = nc.norm_cast_func(shape, 1e-12, in_dtype, low, fp32_out)
     lib = tvm.compile(tvm.IRModule({"norm_cast": func.with_attr("global_symbol", "norm_cast")}),
                       target=target, tir_pipeline=cuda_tir_pipeline(target))
     return lib, lib.mod.imports[0].inspect_source()
@@ -215,6 +236,13 @@ def test_kernel_compiles_to_vector_loads_and_stores(shape, in_dtype, low, thread
     assert kernel.count("(x_ptr + ") == per_thread // 4 and load in kernel
     low_vec = "half4" if low == "float16" else "nv_bfloat164"
     assert f"*({low_vec}*)(out_low_ptr" in kernel and "*(float4*)(out_ptr" in kernel
+
+
+def test_low_only_kernel_compiles_to_vector_stores_of_the_low_output():
+    _, src = _kernel_source((8, 197, 768), "float16", "float16", fp32_out=False)
+    kernel = src[src.index("__launch_bounds__"):]
+    assert "*(half4*)(out_low_ptr" in kernel and "out_ptr" not in kernel.replace("out_low_ptr",
+                                                                               "")
 
 
 def test_encoder_layer_builds_for_sm90(fp16_encoder_layer):
@@ -262,6 +290,11 @@ def test_kernel_matches_float64_on_gpu(shape, in_dtype):
     low = tvm.runtime.tensor(np.zeros(shape, "float16"), dev)
     lib["norm_cast"](*(tvm.runtime.tensor(a, dev) for a in (x, gamma, beta)), out, low)
     _check(out.numpy(), low.numpy(), x, gamma, beta, 1e-12)
+    # the low-only kernel (pre-LN transformers): the same fp16 values
+    only, _ = _kernel_source(shape, in_dtype, "float16", arch, fp32_out=False)
+    low_only = tvm.runtime.tensor(np.ones(shape, "float16"), dev)
+    only["norm_cast"](*(tvm.runtime.tensor(a, dev) for a in (x, gamma, beta)), low_only)
+    np.testing.assert_array_equal(low_only.numpy(), low.numpy())
 
 
 def _symbolic_rows(n=256):

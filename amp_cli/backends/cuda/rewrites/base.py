@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Callable
 
 from .... import tvm_compat
-from ...relax_calls import calls, entry_functions, op_name, rewrite_calls, shape_of, static_shape
+from ...relax_calls import (bindings_and_users, calls, entry_functions, op_name, rewrite_calls,
+                            shape_of, static_shape)
 
-__all__ = ["add_counts", "calls", "conv2d_in", "entry_functions", "module_pass", "op_name",
-           "rewrite_calls", "shape_of", "static_shape"]
+__all__ = ["add_counts", "bindings_and_users", "calls", "conv2d_in", "entry_functions",
+           "module_pass", "op_name", "rewrite_calls", "shape_of", "static_shape"]
 
 
 def add_counts(stats: dict | None, **counts) -> None:

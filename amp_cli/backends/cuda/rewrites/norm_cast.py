@@ -33,7 +33,8 @@ from .... import tvm_compat
 from ....dtypes import LOW_TYPES
 from ....ir_attrs import IS_SCHEDULED, OP_PATTERN
 from ..registry import register
-from .base import add_counts, module_pass, op_name, rewrite_calls, shape_of, static_shape
+from .base import (add_counts, bindings_and_users, module_pass, op_name, rewrite_calls,
+                   shape_of, static_shape)
 
 MAX_THREADS = 256     # threads per row (CTA); more rows fill the GPU instead
 MAX_PER_THREAD = 64   # fp32 row elements one thread keeps in registers
@@ -62,10 +63,11 @@ def plan_threads(n: int):
 
 
 def norm_cast_compute(shape, epsilon: float, in_dtype: str = "float32",
-                      low_dtype: str = "float16"):
+                      low_dtype: str = "float16", fp32_out: bool = True):
     """The unscheduled PrimFunc ``(x, gamma, beta, out, out_low)``: layer norm over the last axis
     of ``x`` (``shape``, read as fp32) as TVM legalizes it, written once as fp32 ``out`` and
-    once cast to ``low_dtype``. Runs on any target (the CPU tests build it for llvm).
+    once cast to ``low_dtype``; ``(x, gamma, beta, out_low)`` without ``fp32_out``. Runs on any
+    target (the CPU tests build it for llvm).
 
     >>> f = norm_cast_compute((2, 64, 256), 1e-12)   # then schedule_norm_cast(f, 64, 4)
     """
@@ -91,8 +93,10 @@ def norm_cast_compute(shape, epsilon: float, in_dtype: str = "float32",
                          name="x_var_sum")
     norm = te.compute(shape, lambda *i: centered(i[:-1], i[-1]) * te.rsqrt(
         var_sum[i[:-1]] / size + eps) * gamma[i[-1]] + beta[i[-1]], name="norm")
-    out = te.compute(shape, lambda *i: norm[i], name="out")
     out_low = te.compute(shape, lambda *i: norm[i].astype(low_dtype), name="out_low")
+    if not fp32_out:
+        return te.create_prim_func([x, gamma, beta, out_low])
+    out = te.compute(shape, lambda *i: norm[i], name="out")
     return te.create_prim_func([x, gamma, beta, out, out_low])
 
 
@@ -101,8 +105,9 @@ def schedule_norm_cast(func, threads: int, vec: int):
     ``threads`` threads per row, each owning a contiguous chunk of the row (loaded into
     registers once), ``vec``-wide loads and stores."""
     sch = tvm_compat.s_tir().Schedule(func)
-    xl, total, var_sum, norm, out, out_low = (sch.get_sblock(name) for name in (
-        "x_local", "x_sum", "x_var_sum", "norm", "out", "out_low"))
+    xl, total, var_sum, norm, out_low = (sch.get_sblock(name) for name in (
+        "x_local", "x_sum", "x_var_sum", "norm", "out_low"))
+    outs = [out_low] if len(func.params) == 4 else [sch.get_sblock("out"), out_low]
     n = int(sch.get(sch.get_loops(norm)[-1]).extent)
     chunks = n // threads // vec
 
@@ -119,7 +124,7 @@ def schedule_norm_cast(func, threads: int, vec: int):
     sch.bind(row, "blockIdx.x")
     it, v = split(loops[-1])
     sch.vectorize(v)
-    for block in (out, out_low):
+    for block in outs:
         sch.reverse_compute_at(block, it)
         sch.vectorize(sch.get_loops(block)[-1])
     sch.set_scope(norm, 0, "local")
@@ -138,36 +143,12 @@ OPAQUE = 8  # relax OpPatternKind kOpaque: FuseOps leaves the scheduled kernel a
 
 
 def norm_cast_func(shape, epsilon: float, in_dtype: str = "float32",
-                   low_dtype: str = "float16"):
+                   low_dtype: str = "float16", fp32_out: bool = True):
     """The scheduled CUDA PrimFunc for a supported row length (see :func:`plan_threads`)."""
     threads, vec = plan_threads(int(shape[-1]))
-    func = schedule_norm_cast(norm_cast_compute(shape, epsilon, in_dtype, low_dtype),
+    func = schedule_norm_cast(norm_cast_compute(shape, epsilon, in_dtype, low_dtype, fp32_out),
                               threads, vec)
     return func.with_attr(IS_SCHEDULED, True).with_attr(OP_PATTERN, OPAQUE)
-
-
-def _bindings(mod) -> tuple[dict, dict]:
-    """(var -> its bound value, var -> the expressions that use it) over ``mod``'s Relax
-    functions; a function's result counts as a use."""
-    relax = tvm_compat.relax()
-    bound: dict = {}
-    users: dict = {}
-
-    def note(user):
-        def visit(e):
-            if isinstance(e, relax.Var):
-                users.setdefault(e, []).append(user)
-        return visit
-
-    for _, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                bound[binding.var] = binding.value
-                relax.analysis.post_order_visit(binding.value, note(binding.value))
-        relax.analysis.post_order_visit(func.body.body, note(func.body.body))
-    return bound, users
 
 
 def _low_cast(expr, var) -> str | None:
@@ -178,18 +159,31 @@ def _low_cast(expr, var) -> str | None:
     return None
 
 
+def _low_source(x, bound):
+    """``h`` when ``x`` is (bound to) ``astype(h, fp32)`` of an fp16/bf16 ``h``, else None."""
+    src = bound.get(x)
+    if op_name(src) == "relax.astype" and src.args[0].ty.dtype in LOW_TYPES:
+        return src.args[0]
+    return None
+
+
 def _candidates(mod) -> dict:
-    """layer_norm call -> (low type, reason it is declined or None) for each fp32, static-shape,
-    last-axis layer norm whose output is cast to fp16/bf16 and used by something else too."""
+    """layer_norm call -> (low type, reason it is declined or None, fp32 output used) for each
+    fp32, static-shape, last-axis layer norm whose output is cast to fp16/bf16 and either used
+    by something else too, or read from an fp16/bf16 tensor through a cast (a pre-LN
+    transformer's ``astype(h, fp32) -> layer_norm -> astype(fp16)``: one kernel for three)."""
     found = {}
-    bound, users = _bindings(mod)
+    bound, users = bindings_and_users(mod)
     for var, uses in users.items():
         casts = [c for c in (_low_cast(u, var) for u in uses) if c]
-        if not casts or len(casts) == len(uses):
+        if not casts:
             continue
         ln = bound.get(var)
         if op_name(ln) != "relax.nn.layer_norm" or not (ln.attrs.center and ln.attrs.scale):
             continue
+        only_casts = len(casts) == len(uses)
+        if only_casts and (len(set(casts)) > 1 or _low_source(ln.args[0], bound) is None):
+            continue  # FuseOps already makes layer norm + cast one kernel
         x, gamma, beta = ln.args
         shape = shape_of(x)
         if (shape is None or len(shape) < 2 or not isinstance(shape[-1], int)
@@ -200,7 +194,7 @@ def _candidates(mod) -> dict:
         if any(static_shape(p) != shape[-1:] or p.ty.dtype != "float32" for p in (gamma, beta)):
             continue
         why = plan_threads(shape[-1])
-        found[ln] = (casts[0], why if isinstance(why, str) else None)
+        found[ln] = (casts[0], why if isinstance(why, str) else None, not only_casts)
     return found
 
 
@@ -223,17 +217,32 @@ def fuse_norm_casts(mod):
             return src.tuple_value
         return None
 
+    def low_only_output(expr, lookup):
+        """The low-only kernel's output (through the reshape back from flattened rows) that
+        ``expr`` -- the layer norm's stand-in ``astype(out, fp32)`` -- casts, else None."""
+        src = lookup(expr) if isinstance(expr, relax.Var) else None
+        if op_name(src) != "relax.astype" or not isinstance(src.args[0], relax.Var):
+            return None
+        low = src.args[0]
+        inner = lookup(low)
+        if op_name(inner) == "relax.reshape" and isinstance(inner.args[0], relax.Var):
+            return low if inner.args[0] in made else None
+        return low if low in made else None
+
     def rewrite(bb, call, lookup):
-        if op_name(call) == "relax.astype":   # the cast: the kernel's second output
+        if op_name(call) == "relax.astype":   # the cast: the kernel's (second) low output
             both = first_output(call.args[0], lookup)
-            if both is None or made[both][0] != str(call.attrs.dtype):
-                return None
-            low_out = relax.TupleGetItem(both, 1)
-            shape = made[both][1]
-            return low_out if shape is None else relax.op.reshape(bb.emit(low_out), shape)
+            if both is not None and made[both][0] == str(call.attrs.dtype):
+                low_out = relax.TupleGetItem(both, 1)
+                shape = made[both][1]
+                return low_out if shape is None else relax.op.reshape(bb.emit(low_out), shape)
+            low = low_only_output(call.args[0], lookup)
+            if low is not None and str(call.attrs.dtype) == low.ty.dtype:
+                return low
+            return None
         if op_name(call) != "relax.nn.layer_norm" or call not in found:
             return None
-        low, why = found[call]
+        low, why, fp32_out = found[call]
         if why is not None:
             declined[why] = declined.get(why, 0) + 1
             return None
@@ -254,15 +263,24 @@ def fuse_norm_casts(mod):
         # product of the model's dims cannot define them
         kernel_shape = (tvm_compat.tvm().tirx.Var("rows", "int64"), shape[-1]) if flat \
             else tuple(shape)
-        args = (kernel_shape, float(call.attrs.epsilon), x.ty.dtype, low)
+        args = (kernel_shape, float(call.attrs.epsilon), x.ty.dtype, low, fp32_out)
         key = repr((tuple(shape), *args[1:]))  # as text: PrimExprs' == builds an expression
         if key not in funcs:
             # without TE's global_symbol "main", which would clash with the Relax main
             func = norm_cast_func(*args).without_attr("global_symbol")
             funcs[key] = bb.add_func(func, "amp_norm_cast")
+        low_ty = relax.TensorType(shape, low)
+        if not fp32_out:
+            # every user is a cast: they read the kernel's one output; the layer norm's own
+            # var becomes a cast of it that nothing uses (dead-code elimination drops it)
+            only = bb.emit(relax.call_tir(funcs[key], relax.Tuple([x, gamma, beta]),
+                                          out_ty=low_ty))
+            made[only] = (low, full if flat else None)
+            out = relax.op.reshape(only, full) if flat else only
+            return relax.op.astype(bb.emit(out) if flat else out, "float32")
         both = bb.emit(relax.call_tir(
             funcs[key], relax.Tuple([x, gamma, beta]),
-            out_ty=[relax.TensorType(shape, "float32"), relax.TensorType(shape, low)]))
+            out_ty=[relax.TensorType(shape, "float32"), low_ty]))
         made[both] = (low, full if flat else None)
         out = relax.TupleGetItem(both, 0)
         return relax.op.reshape(bb.emit(out), full) if flat else out
