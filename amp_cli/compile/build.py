@@ -62,6 +62,8 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
     note_step("export")
     ex.export_library(out_path)
     src = tvm_compat.cuda_source(ex) if target.is_cuda else ""
+    if src and os.environ.get("AMP_DUMP_CUDA"):
+        open(os.environ["AMP_DUMP_CUDA"], "w").write(src)
     tc = 0
     if src:
         for chunk in src.split("__global__")[1:]:

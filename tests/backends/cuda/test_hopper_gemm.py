@@ -32,6 +32,25 @@ def epilogue_gemm(m, n, k, dtype="float16", out_dtype="float32", batch=None):
     return te.create_prim_func([a, b, bias, res, out]).with_attr("global_symbol", "main")
 
 
+def gelu_tanh_gemm(m, n, k, dtype="float16"):
+    """out = GELU-tanh(A @ B^T) with GPT-2's ``x**3``: a ``pow`` in the transplanted epilogue."""
+    from tvm import te
+
+    a = te.placeholder((m, k), dtype, name="A")
+    b = te.placeholder((n, k), dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(
+        a[i, r].astype("float32") * b[j, r].astype("float32"), axis=r), name="C")
+
+    def gelu(i, j):
+        x = c[i, j]
+        cube = te.power(x, tvm.tirx.const(3.0, "float32"))
+        return (0.5 * x * (1.0 + te.tanh(0.7978845608 * (x + 0.044715 * cube)))).astype(dtype)
+
+    out = te.compute((m, n), gelu, name="out")
+    return te.create_prim_func([a, b, out]).with_attr("global_symbol", "main")
+
+
 def hopper(func):
     made = hg.hopper_func(func)
     assert not isinstance(made, str), made
@@ -138,6 +157,18 @@ def test_builds_with_wgmma_and_tma(func):
     assert "for (int kt_1" not in src   # the consumer's K loop is unrolled (see hopper_gemm)
 
 
+def test_epilogue_pow_keeps_its_sign():
+    """GPT-2's GELU fused into a Hopper GEMM: its ``x**3`` must not reach the CUDA source as
+    ``powf`` (fast math makes it ``__powf``, NaN for negative x: the full-size GPT-2 export
+    came out 100 % NaN on the H100 while every other GEMM path was exact). The Hopper kernels
+    go through TVM's TIRx lowering, so the pow rewrite must run before the split."""
+    import re
+
+    src = tvm_compat.cuda_source(build(hopper(gelu_tanh_gemm(256, 256, 512)), "sm_90a"))
+    assert "wgmma.mma_async" in src and "tanhf" in src
+    assert not re.search(r"\b(__)?powf\(", src[src.find('extern "C" __global__'):])
+
+
 # ------------------------------------------------------------------ values on the GPU
 def _sm90() -> bool:
     return tvm_compat.has_cuda_device() and tvm_compat.cuda_compute_version() == "9.0"
@@ -194,6 +225,20 @@ def test_fused_tail_matches_float64(batch, m, n, k):
     ref = res + np.vectorize(erf)(c.astype("float64"))
     out = _run(hopper(epilogue_gemm(m, n, k, batch=batch)), [a, b, bias, res],
                (batch, m, n), "float32")
+    assert _rel(out, ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+def test_gelu_tanh_epilogue_matches_float64():
+    """Half of GELU's inputs are negative: with ``__powf`` they were NaN."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((256, 512)).astype("float16")
+    b = (rng.standard_normal((256, 512)) / np.sqrt(512)).astype("float16")
+    x = a.astype("float64") @ b.astype("float64").T
+    ref = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    out = _run(hopper(gelu_tanh_gemm(256, 256, 512)), [a, b], (256, 256), "float16")
+    assert np.isfinite(out).all()
     assert _rel(out, ref) < 2e-3
 
 

@@ -153,11 +153,12 @@ def make_pipeline_factory(records: list | None, legalize: bool = True, only_cuda
             # + the access-pointer dtype fix for TVM 0.27's StorageRewrite (access_ptr.py)
             # + the strided-cp.async guard (async_copy.py)
             guard = sync_strided_async_copy_pass(records) if async_guard else None
-            # pow first: fast math would make powf NaN for negative bases (exact_pow.py)
-            passes = [exact_pow_pass(), *_s_tir_main_passes(config, legal, guard)]
+            passes = list(_s_tir_main_passes(config, legal, guard))
             if typed_access_ptr:
                 passes.append(typed_access_ptr_pass())
-            tirx_mod, rest = split_tirx_kernels(mod)
+            # pow first, in every kernel whichever lowering it takes (the Hopper GEMMs' TIRx
+            # included): fast math would make powf NaN for negative bases (exact_pow.py)
+            tirx_mod, rest = split_tirx_kernels(exact_pow_pass()(mod))
             rest = tvm.ir.transform.Sequential(passes)(rest)
             if tirx_mod is None:
                 return rest
