@@ -98,11 +98,17 @@ class CudaConfig:
     cuda_graph: bool = True  # capture the static middle of the model into one CUDA graph
     conv_as_gemm: bool = True  # fp16/bf16 convolutions as NHWC tensor-core GEMMs
     sink_reshapes: bool = True  # flattening reshapes moved past GEMM epilogues (they fuse)
+    # transposes moved down through elementwise ops until they cancel (ConvNeXt's permutes)
+    sink_permutes: bool = True
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
     fused_attention: bool = True  # softmax(Q K^T [+ mask]) V as one kernel (fp16/bf16, any S)
+    # S <= 256 on the row kernel (whole score rows on chip); false: the tiled online-softmax
+    # kernel for every length
+    attention_rows: bool = True
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
+    narrow_gemm: bool = True  # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
     # depthwise/grouped convs as amp's NHWC kernel: channel vectors per thread, rows in registers

@@ -50,9 +50,11 @@ case "$step" in
       rest) corpus=yolo_head,whisper_encoder; hand=resnet50,bert-large ;;
       *) corpus=$group; hand='' ;;
     esac
+    # a file name the device tool brings back: no commas (a list of models as the group)
+    tag=$(printf '%s' "$group" | tr -c 'A-Za-z0-9_.-' '_')
     timeout 590 "$PY" benchmarks/gpu_suite.py --models "$hand" --corpus "$corpus" \
-      --amp-precisions fp16,bf16 --budget-s 400 --jobs 8 --json "$OUT/gpu_suite_$group.json" \
-      "$@" 2>&1 | tee "$OUT/gpu_suite_$group.log" | tail -60
+      --amp-precisions fp16,bf16 --budget-s 400 --jobs 8 --json "$OUT/gpu_suite_$tag.json" \
+      "$@" 2>&1 | tee "$OUT/gpu_suite_$tag.log" | tail -60
     ;;
   dynamic)
     timeout 590 "$PY" benchmarks/dynamic_bench.py --json "$OUT/dynamic_bench.json" "$@" \

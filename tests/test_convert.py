@@ -156,10 +156,13 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
     assert res.exit_code == 0, res.output
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["cuda"] == {"cuda_graph": False, "conv_as_gemm": True,
-                                        "sink_reshapes": True, "combine_gemms": True,
+                                        "sink_reshapes": True, "sink_permutes": True,
+                                        "combine_gemms": True,
                                         "split_k": True, "implicit_gemm": True,
-                                        "fused_attention": True, "fused_norm_cast": True,
-                                        "small_gemm": True, "unroll_injective": True,
+                                        "fused_attention": True, "attention_rows": True,
+                                        "fused_norm_cast": True,
+                                        "small_gemm": True, "narrow_gemm": True,
+                                        "unroll_injective": True,
                                         "depthwise_conv": True, "hopper_gemm": True}
     md = (out / "report.md").read_text()
     assert "CUDA graphs off, convolutions as GEMMs on" in md

@@ -228,6 +228,11 @@ def test_shared_memory_bound_and_supported_shapes():
     assert plan(320, 64, 227) == (True, None) and plan(1500, 128, 227) == (True, None)
     assert plan(128, 40, 227) == (None, "head dim 40 is not a multiple of 16")
     assert "exceeds the GPU's 48 KiB" in plan(1500, 128, 48)[1]
+    # cuda.attention_rows off: the tiled kernel for every length
+    assert plan(128, 64, 227, rows=False) == (True, None)
+    new, fused, _ = fuse_attention(_attention_module(s=197), 90, rows=False)
+    assert fused == 1
+    assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "flash_attention"
 
 
 def test_long_sequences_take_the_online_softmax_kernel():

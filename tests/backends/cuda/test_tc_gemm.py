@@ -60,7 +60,7 @@ def own(func, arch="sm_90", cfg=None):
 
 # ------------------------------------------------------------------ CUDA builds (CI, no GPU)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("cfg", tc_gemm.CANDIDATES, ids=lambda c: c.name())
+@pytest.mark.parametrize("cfg", tc_gemm.CANDIDATES + tc_gemm.NARROW, ids=lambda c: c.name())
 def test_every_candidate_builds_with_cp_async_and_wmma(arch, cfg):
     src = tvm_compat.cuda_source(build(own(gemm(256, 256, 256), arch, cfg), arch))
     assert "cp.async" in src and "mma_sync" in src
@@ -281,6 +281,26 @@ def test_candidates_match_fp32_reference(cfg, shape):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+@pytest.mark.parametrize("m,n,k", [(4096, 16, 144), (1000, 32, 288), (300, 24, 72),
+                                   (512, 16, 16)])
+def test_narrow_tiles_match_fp32_reference(m, n, k):
+    """N <= 32 (a detector's 16/32-channel convs as GEMMs) on the narrow tiles, ragged M and N,
+    bias + relu fused: rel L2 vs numpy fp32 below 2e-3."""
+    cfg = tc_gemm.choose_config(1, m, n, k, 90)
+    assert cfg in tc_gemm.NARROW and cfg.bn >= n
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((m, k)).astype("float16")
+    b = rng.standard_normal((n, k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float32")
+    ref = np.maximum(a.astype("float32") @ b.astype("float32").T + bias, 0)
+    sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
+    out = _run(own(gemm(m, n, k, bias=True, relu=True), f"sm_{sm}"), [a, b, bias], (m, n),
+               "float16").astype("float32")
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
 def test_bf16_and_batched_match_fp32_reference():
     rng = np.random.default_rng(2)
     sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
@@ -350,9 +370,9 @@ def test_symbolic_m_takes_the_own_schedule_with_the_tile_of_the_optimum():
     seen = []
     real = tc_gemm.schedule_gemm
 
-    def spy(func, in_dtype, acc, batch, sizes, sm, cfg=None, rows="same"):
+    def spy(func, in_dtype, acc, batch, sizes, sm, cfg=None, rows="same", narrow=True):
         seen.append((sizes[0], rows))
-        return real(func, in_dtype, acc, batch, sizes, sm, cfg, rows)
+        return real(func, in_dtype, acc, batch, sizes, sm, cfg, rows, narrow)
 
     tc_gemm.schedule_gemm, saved = spy, tc_gemm.schedule_gemm
     try:

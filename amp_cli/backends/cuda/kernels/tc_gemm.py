@@ -80,6 +80,16 @@ CANDIDATES = (
     TileConfig(2, 2, 2, 4, 2, 3),   # 64x128x32, 4 warps of 32x64
     TileConfig(2, 2, 2, 2, 4, 3),   # 64x64x64, 4 warps of 32x32
 )
+# GEMMs with N <= 32 (convs with 16 or 32 output channels over a large image: a detector's
+# first stages) take a tile as narrow as N instead of padding N to 64/128: the same 128 rows per
+# CTA (4 warps of 32 rows), 1 or 2 fragments across. Such GEMMs are memory-bound; the wide
+# tiles spent 2-8x the tensor-core work and shared memory on padding, and before these tiles
+# N = 16 fell to dlight's SIMT rule (yolo_head at 640 px: 0.155 ms for a 3x3 conv 16 -> 16 over
+# 8 x 160 x 160 pixels, ~35x its memory time, on the H100 of 2026-12-07).
+NARROW = (
+    TileConfig(4, 1, 2, 1, 2, 3),   # 128x16x32
+    TileConfig(4, 1, 2, 2, 2, 3),   # 128x32x32
+)
 # A tile is big enough to use when its grid fills this share of the SMs (one near-full wave).
 FULL_WAVE = 0.9
 
@@ -94,7 +104,7 @@ def ctas(cfg: TileConfig, batch: int, m: int, n: int) -> int:
 
 
 def choose_config(batch: int, m: int, n: int, k: int, sm: int,
-                  acc_bytes: int = 4) -> TileConfig | None:
+                  acc_bytes: int = 4, narrow: bool = True) -> TileConfig | None:
     """Default tile for a GEMM: the largest candidate whose grid still fills the GPU (at least
     ``FULL_WAVE`` x SM count CTAs), else the one with the most CTAs; the pipeline is never deeper
     than the K loop. Calibrated on the H200 sweep (benchmarks/gemm_sweep.py): it picks the best or
@@ -104,7 +114,11 @@ def choose_config(batch: int, m: int, n: int, k: int, sm: int,
     options = fitting(sm, 2, acc_bytes)
     if not options:
         return None
-    cfg = next((c for c in options if ctas(c, batch, m, n) >= FULL_WAVE * sms), None)
+    thin = next((c for c in NARROW if c.bn >= n), None) if narrow else None
+    if thin is not None:
+        cfg = thin  # N <= 32: the narrowest tile that covers it (see NARROW)
+    else:
+        cfg = next((c for c in options if ctas(c, batch, m, n) >= FULL_WAVE * sms), None)
     if cfg is None:
         cfg = max(options, key=lambda c: ctas(c, batch, m, n))
     cfg = deepen(cfg, k, sm, acc_bytes)
@@ -317,14 +331,14 @@ def normalize_gemm(sch, main):
 
 
 def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: int,
-                  cfg: TileConfig | None = None, rows="same"):
+                  cfg: TileConfig | None = None, rows="same", narrow: bool = True):
     """amp's schedule for a GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``), or None where
     it does not apply (no fitting tile, rows too misaligned for cp.async). ``sizes`` are the
     extents the tile is chosen for; ``rows``: the real M when that differs (None: symbolic, M is
-    padded to whole tiles at run time)."""
+    padded to whole tiles at run time); ``narrow``: N <= 32 may take a ``NARROW`` tile."""
     m, n, k = sizes
     acc_bytes = 2 if acc_dtype == "float16" else 4
-    cfg = cfg or choose_config(batch, m, n, k, sm, acc_bytes)
+    cfg = cfg or choose_config(batch, m, n, k, sm, acc_bytes, narrow)
     if cfg is None:
         return None
     # cp.async copies 4, 8 or 16 bytes: 2+ fp16 lanes per copy, from K-contiguous rows

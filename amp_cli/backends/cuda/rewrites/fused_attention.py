@@ -163,12 +163,12 @@ def _mask(mask, dims, mask_factor):
     return m, None
 
 
-def plan(seq, head_dim: int, smem_limit_kib: int) -> tuple:
+def plan(seq, head_dim: int, smem_limit_kib: int, rows: bool = True) -> tuple:
     """(flash, None): the kernel for this shape -- the row kernel (flash False) where it
-    serves, else the online-softmax one over key tiles (always for a symbolic ``seq``) -- or
-    (None, why neither does)."""
+    serves and ``rows`` allows it, else the online-softmax one over key tiles (always for a
+    symbolic ``seq``) -- or (None, why neither does)."""
     why = ak.supported(seq, head_dim, smem_limit_kib) if isinstance(seq, int) else "symbolic"
-    if why is None:
+    if why is None and rows:
         return False, None
     why_flash = fk.supported(head_dim, smem_limit_kib)
     return (True, None) if why_flash is None else (None, why_flash)
@@ -184,7 +184,7 @@ def _fits_int32(sizes, upper: dict) -> bool:
     return True
 
 
-def match(call, lookup, smem_limit_kib: int, upper: dict | None = None):
+def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bool = True):
     """(q, k, v tensors, params dict) when ``call`` ends an attention core this pass fuses,
     (None, reason) when it is one the kernel cannot serve, None when it is no attention.
     ``upper``: the upper bounds of the module's symbolic dims ({name: max})."""
@@ -220,7 +220,7 @@ def match(call, lookup, smem_limit_kib: int, upper: dict | None = None):
     if dtype not in ak.DTYPES or any(x.ty.dtype != dtype for x in (kt, v)) or \
             (call.ty.dtype != dtype):
         return None
-    flash, why = plan(s, d, smem_limit_kib)
+    flash, why = plan(s, d, smem_limit_kib, rows)
     if why is not None:
         return None, why
     dims = (b, h, s, d)
@@ -245,7 +245,7 @@ def match(call, lookup, smem_limit_kib: int, upper: dict | None = None):
     return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
-def fuse_attention(mod, sm: int):
+def fuse_attention(mod, sm: int, rows: bool = True):
     """``mod`` with attention cores fused (module docstring); returns (module, fused count,
     {reason: count} of the attention cores left unfused)."""
 
@@ -279,7 +279,7 @@ def fuse_attention(mod, sm: int):
                     and inner.args[0].name_hint in made):
                 params = made[inner.args[0].name_hint]
                 return emit(bb, list(inner.args[1].fields), params, ak.bshd(*params["dims"]))
-        found = match(call, lookup, limit, upper)
+        found = match(call, lookup, limit, upper, rows)
         if found is None:
             return None
         tensors, params = found
@@ -295,19 +295,21 @@ def fuse_attention(mod, sm: int):
     return new, fused, declined
 
 
-def fuse_attention_pass(sm: int, stats: dict | None = None):
+def fuse_attention_pass(sm: int, stats: dict | None = None, rows: bool = True):
     """:func:`fuse_attention` as a module pass (after precision conversion, before matmul_nt
     and LegalizeOps); ``stats`` counts the fused attention cores and the unfused ones."""
     def run(mod):
-        new, fused, declined = fuse_attention(mod, sm)
+        new, fused, declined = fuse_attention(mod, sm, rows)
         add_counts(stats, attention_fused=fused, attention_unfused=sum(declined.values()))
         return new
 
     return module_pass(run, "AmpFuseAttention")
 
 
-@register("fused_attention", "graph", 40, switch="fused_attention",
+@register("fused_attention", "graph", 40, switch="fused_attention", reads=("attention_rows",),
           labels={"attention_fused": "attention cores fused into one kernel",
                   "attention_unfused": "attention cores left unfused (shape, mask)"})
 def make_pass(ctx):
-    return fuse_attention_pass(ctx.sm, ctx.stats) if ctx.sm >= 80 else None  # wmma + cp.async
+    if ctx.sm < 80:
+        return None  # wmma + cp.async
+    return fuse_attention_pass(ctx.sm, ctx.stats, ctx.cuda.attention_rows)

@@ -3,10 +3,11 @@
 dlight's ``Matmul`` hands a GEMM to its wmma rule (``MatmulTensorization``) only when the inputs
 are fp16 and *every* static M/N/K extent is > 64. Two gaps matter for amp's models:
 
-- sides of exactly 64 (ResNet-50's stem and layer-1 convolutions as GEMMs have N=64 or K=64,
-  BERT's attention has K=64 or N=64) fall back to SIMT code. ``AmpMatmul`` uses tensor cores when
-  every extent is >= ``min_extent`` (32): ``MatmulTensorization`` pads M/N/K up to its 128x128x64
-  tile itself (``pad_einsum``), so a side of 64 wastes part of a tile but runs on tensor cores.
+- sides of 64 or less (ResNet-50's stem and layer-1 convolutions as GEMMs have N=64 or K=64,
+  BERT's attention has K=64 or N=64, a detector's early convs N=16 or 32) fall back to SIMT
+  code. ``AmpMatmul`` uses tensor cores when every extent is >= ``min_extent`` (16): amp's
+  ``tc_gemm`` takes a tile as narrow as N for N <= 32, and ``MatmulTensorization`` pads M/N/K
+  up to its 128x128x64 tile itself (``pad_einsum``).
 - bf16 has no rule at all. The wmma intrinsic *generators* in tvm.s_tir.tensor_intrin.cuda are
   dtype-generic and CUDA's ``nvcuda::wmma`` has bf16 16x16x16 fragments on sm_80+, but TVM
   registers only f16/s8 variants and ``MatmulTensorization`` asks for f16 by name. amp registers
@@ -31,7 +32,8 @@ from ..kernels.analysis import gemm_shape
 from ..kernels.intrinsics import bf16_intrinsics
 from ..registry import register
 
-MIN_EXTENT = 32
+MIN_EXTENT = 16  # one wmma fragment: N = 16 / 32 take tc_gemm's narrow tiles
+WIDE_MIN_EXTENT = 32  # the minimum with the narrow tiles off (cuda.narrow_gemm: false)
 BF16_MIN_SM = 80
 TC_MIN_SM = 70
 
@@ -46,9 +48,11 @@ def _make_rule():
 
         def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True,
                      small_m: bool = True, dims: dict | None = None,
-                     ranges: dict | None = None):
+                     ranges: dict | None = None, narrow: bool = True):
             super().__init__()
-            self.min_extent = min_extent
+            self.narrow = narrow
+            # without the narrow tiles, N < 32 is left to dlight's SIMT rule (as before them)
+            self.min_extent = min_extent if narrow else max(min_extent, WIDE_MIN_EXTENT)
             self.own_gemm = own_gemm
             self.small_m = small_m
             self.dims = dict(dims or {})
@@ -80,7 +84,8 @@ def _make_rule():
                         return sch
                 kind = self._wants_tensor_cores(func, info, target)
             if kind is not None and self.own_gemm:
-                sch = _own_schedule(func, kind, info, arch_sm(target), self.dims, self.ranges)
+                sch = _own_schedule(func, kind, info, arch_sm(target), self.dims, self.ranges,
+                                    self.narrow)
                 if sch is not None:
                     return sch
             if kind == "float16":
@@ -107,7 +112,7 @@ MAX_VARIANT_SIZE = 1 << 24
 
 
 def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None,
-                  ranges: dict | None = None):
+                  ranges: dict | None = None, narrow: bool = True):
     """amp's cp.async wmma schedule (``tc_gemm``) for a GEMM with static N and K (``info``: its
     :func:`gemm_shape`); a symbolic M or a symbolic batch (not both) gets the tile for its value
     at ``dims`` ({dim: optimum}, module docstring). Else None (symbolic N or K:
@@ -133,7 +138,7 @@ def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None,
     if len(variants) > 1:
         return _dispatched(func, in_dtype, acc, symbolic, batch, sizes, sm, variants)
     return tc_gemm.schedule_gemm(func, in_dtype, acc, batch_at, [m_at, *sizes[1:]], sm,
-                                 rows=sizes[0])
+                                 rows=sizes[0], narrow=narrow)
 
 
 def _symbolic_size(symbolic, batch):
@@ -187,15 +192,17 @@ def _small_m_schedule(func, info, sm: int):
 
 def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
               small_m: bool = True, dims: dict | None = None,
-              ranges: dict | None = None):
+              ranges: dict | None = None, narrow: bool = True):
     """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
     fp16/bf16 GEMMs with static N and K use amp's pipelined wmma schedule (tc_gemm) first, and
     static GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
     ``small_m`` is off. ``dims``: {symbolic dim: optimum} of a dynamic module; ``ranges``:
-    {symbolic dim: (lo, hi)}, over which a symbolic GEMM gets one tile variant per size band."""
-    return _make_rule()(min_extent, own_gemm, small_m, dims, ranges)
+    {symbolic dim: (lo, hi)}, over which a symbolic GEMM gets one tile variant per size band.
+    ``narrow``: GEMMs with N <= 32 take tc_gemm's narrow tiles (``tc_gemm.NARROW``)."""
+    return _make_rule()(min_extent, own_gemm, small_m, dims, ranges, narrow)
 
 
-@register("matmul", "rule", 10, reads=("small_gemm",))
+@register("matmul", "rule", 10, reads=("small_gemm", "narrow_gemm"))
 def make_rule(ctx):
-    return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims, ranges=ctx.ranges)
+    return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims, ranges=ctx.ranges,
+                     narrow=ctx.cuda.narrow_gemm)
