@@ -15,6 +15,14 @@ from collections.abc import Callable
 from .. import tvm_compat
 
 
+# Relax ops computed element by element (with numpy broadcasting): a layout op (reshape,
+# permute) may move past them (cuda/rewrites/reshape_sink.py, permute_sink.py)
+ELEMENTWISE = frozenset(f"relax.{n}" for n in (
+    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "astype", "erf",
+    "exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "negative", "abs", "clip", "square",
+    "nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "floor_divide", "where"))
+
+
 def static_shape(expr) -> list[int] | None:
     """The shape of a Relax expression as ints, or None when any dim is symbolic/unknown."""
     shape = getattr(expr.ty, "shape", None)

@@ -6,6 +6,7 @@ from ... import tvm_compat
 from ...dims import module_ranges
 from ...ir_attrs import IS_SCHEDULED, LEGACY_IS_SCHEDULED
 from ..layout import convert_layout_pass
+from ..permute_sink import sink_permutes_pass
 from .analysis import host_model
 from .packing import constant_call_args, rewrite_packed_callers
 from .rules import schedule_prim_func
@@ -94,14 +95,17 @@ def cpu_schedule_passes(target, layout_stats: dict | None = None) -> list:
 
 def cpu_layout_passes(target=None, stats: dict | None = None) -> list:
     """Relax passes before legalization: inference-mode op decomposition (BatchNorm becomes
-    elementwise ops that fuse into the conv epilogue) and NHWC/HWIO convolutions, through
-    amp's guarded ConvertLayout (``backends/layout.py``; ``stats`` counts its rewrites)."""
+    elementwise ops that fuse into the conv epilogue), NHWC/HWIO convolutions through amp's
+    guarded ConvertLayout (``backends/layout.py``; ``stats`` counts its rewrites), and the
+    transposes that leaves sunk until they cancel (``backends/permute_sink.py``)."""
     relax = tvm_compat.relax()
     return [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
         convert_layout_pass(CPU_CONV_LAYOUTS, stats),
         relax.transform.CanonicalizeBindings(),
+        # the transposes ConvertLayout and the model's own permutes leave, cancelled
+        sink_permutes_pass(stats),
     ]
 
 

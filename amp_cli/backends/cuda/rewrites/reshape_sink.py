@@ -24,13 +24,9 @@ from __future__ import annotations
 
 from .... import tvm_compat
 from ..registry import register
+from ...relax_calls import ELEMENTWISE
 from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
 
-# Relax ops computed element by element (with numpy broadcasting), safe to move a reshape past
-ELEMENTWISE = {f"relax.{n}" for n in (
-    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "astype", "erf",
-    "exp", "log", "tanh", "sigmoid", "sqrt", "rsqrt", "negative", "abs", "clip", "square",
-    "nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "floor_divide", "where")}
 
 
 def _reshape_of(lookup, expr):

@@ -1,4 +1,4 @@
-"""Transposes sunk through elementwise ops until they cancel (backends/cuda/rewrites/permute_sink.py).
+"""Transposes sunk through elementwise ops until they cancel (backends/permute_sink.py).
 
 The ConvNeXt pattern after ConvertLayout: the block's output leaves NHWC through the model's own
 permute, is scaled by a [C, 1, 1] constant and added to the NCHW residual stream, and the next
@@ -13,7 +13,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
-from amp_cli.backends.cuda.rewrites.permute_sink import compose, sink_permutes  # noqa: E402
+from amp_cli.backends.permute_sink import compose, sink_permutes  # noqa: E402
 
 N, H, W, C = 2, 6, 5, 8
 TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
