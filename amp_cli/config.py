@@ -108,7 +108,9 @@ class CudaConfig:
     attention_rows: bool = True
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
-    narrow_gemm: bool = True  # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N
+    # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N. Off until its GPU tests
+    # and A/B have run (docs/gpu-performance.md; benchmarks/h200_session.sh verify)
+    narrow_gemm: bool = False
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
     # depthwise/grouped convs as amp's NHWC kernel: channel vectors per thread, rows in registers

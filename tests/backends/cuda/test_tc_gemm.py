@@ -229,6 +229,24 @@ def test_staging_tile_rows_are_padded(m, n, k):
     assert strides == {str(cfg.bn + tc_gemm.ACC_PAD)}
 
 
+@pytest.mark.parametrize("n", [16, 24, 32])
+def test_narrow_gemms_take_tensor_cores_with_the_switch(n):
+    """cuda.narrow_gemm: a GEMM with N <= 32 (a 16-channel conv over 8 x 160 x 160 pixels)
+    gets a tc_gemm tile as narrow as N; off (the default), N < 32 stays on dlight's SIMT rule
+    and N = 32 on the wide tiles."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    func = gemm(4096, n, 144, bias=True, relu=True)
+    assert tc_gemm.choose_config(1, 4096, n, 144, 90, narrow=True).bn == (16 if n == 16 else 32)
+    assert tc_gemm.choose_config(1, 4096, n, 144, 90).bn >= 64
+    with target:
+        on = AmpMatmul(narrow=True).apply(func, target, False)
+        off = AmpMatmul().apply(func, target, False)
+    on_src = tvm_compat.cuda_source(build(on.mod["main"], "sm_90"))
+    off_src = tvm_compat.cuda_source(build(off.mod["main"], "sm_90"))
+    assert "wmma::mma_sync" in on_src and "cp.async" in on_src
+    assert ("wmma::mma_sync" in off_src) == (n == 32)
+
+
 def test_amp_matmul_uses_own_schedule_for_static_gemms():
     func = gemm(512, 512, 512)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
@@ -286,7 +304,7 @@ def test_candidates_match_fp32_reference(cfg, shape):
 def test_narrow_tiles_match_fp32_reference(m, n, k):
     """N <= 32 (a detector's 16/32-channel convs as GEMMs) on the narrow tiles, ragged M and N,
     bias + relu fused: rel L2 vs numpy fp32 below 2e-3."""
-    cfg = tc_gemm.choose_config(1, m, n, k, 90)
+    cfg = tc_gemm.choose_config(1, m, n, k, 90, narrow=True)
     assert cfg in tc_gemm.NARROW and cfg.bn >= n
     rng = np.random.default_rng(4)
     a = rng.standard_normal((m, k)).astype("float16")
@@ -294,8 +312,8 @@ def test_narrow_tiles_match_fp32_reference(m, n, k):
     bias = rng.standard_normal(n).astype("float32")
     ref = np.maximum(a.astype("float32") @ b.astype("float32").T + bias, 0)
     sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
-    out = _run(own(gemm(m, n, k, bias=True, relu=True), f"sm_{sm}"), [a, b, bias], (m, n),
-               "float16").astype("float32")
+    out = _run(own(gemm(m, n, k, bias=True, relu=True), f"sm_{sm}", cfg), [a, b, bias],
+               (m, n), "float16").astype("float32")
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
 
 

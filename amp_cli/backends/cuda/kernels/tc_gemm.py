@@ -80,8 +80,9 @@ CANDIDATES = (
     TileConfig(2, 2, 2, 4, 2, 3),   # 64x128x32, 4 warps of 32x64
     TileConfig(2, 2, 2, 2, 4, 3),   # 64x64x64, 4 warps of 32x32
 )
-# GEMMs with N <= 32 (convs with 16 or 32 output channels over a large image: a detector's
-# first stages) take a tile as narrow as N instead of padding N to 64/128: the same 128 rows per
+# With ``cuda.narrow_gemm`` (off by default until measured on a GPU), GEMMs with N <= 32 (convs
+# with 16 or 32 output channels over a large image: a detector's first stages) take a tile as
+# narrow as N instead of padding N to 64/128: the same 128 rows per
 # CTA (4 warps of 32 rows), 1 or 2 fragments across. Such GEMMs are memory-bound; the wide
 # tiles spent 2-8x the tensor-core work and shared memory on padding, and before these tiles
 # N = 16 fell to dlight's SIMT rule (yolo_head at 640 px: 0.155 ms for a 3x3 conv 16 -> 16 over
@@ -104,7 +105,7 @@ def ctas(cfg: TileConfig, batch: int, m: int, n: int) -> int:
 
 
 def choose_config(batch: int, m: int, n: int, k: int, sm: int,
-                  acc_bytes: int = 4, narrow: bool = True) -> TileConfig | None:
+                  acc_bytes: int = 4, narrow: bool = False) -> TileConfig | None:
     """Default tile for a GEMM: the largest candidate whose grid still fills the GPU (at least
     ``FULL_WAVE`` x SM count CTAs), else the one with the most CTAs; the pipeline is never deeper
     than the K loop. Calibrated on the H200 sweep (benchmarks/gemm_sweep.py): it picks the best or
@@ -331,7 +332,7 @@ def normalize_gemm(sch, main):
 
 
 def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: int,
-                  cfg: TileConfig | None = None, rows="same", narrow: bool = True):
+                  cfg: TileConfig | None = None, rows="same", narrow: bool = False):
     """amp's schedule for a GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``), or None where
     it does not apply (no fitting tile, rows too misaligned for cp.async). ``sizes`` are the
     extents the tile is chosen for; ``rows``: the real M when that differs (None: symbolic, M is

@@ -5,9 +5,9 @@ are fp16 and *every* static M/N/K extent is > 64. Two gaps matter for amp's mode
 
 - sides of 64 or less (ResNet-50's stem and layer-1 convolutions as GEMMs have N=64 or K=64,
   BERT's attention has K=64 or N=64, a detector's early convs N=16 or 32) fall back to SIMT
-  code. ``AmpMatmul`` uses tensor cores when every extent is >= ``min_extent`` (16): amp's
-  ``tc_gemm`` takes a tile as narrow as N for N <= 32, and ``MatmulTensorization`` pads M/N/K
-  up to its 128x128x64 tile itself (``pad_einsum``).
+  code. ``AmpMatmul`` uses tensor cores when every extent is >= 32 (>= 16 with ``narrow``,
+  YAML ``cuda.narrow_gemm``: amp's ``tc_gemm`` then takes a tile as narrow as N for N <= 32);
+  ``MatmulTensorization`` pads M/N/K up to its 128x128x64 tile itself (``pad_einsum``).
 - bf16 has no rule at all. The wmma intrinsic *generators* in tvm.s_tir.tensor_intrin.cuda are
   dtype-generic and CUDA's ``nvcuda::wmma`` has bf16 16x16x16 fragments on sm_80+, but TVM
   registers only f16/s8 variants and ``MatmulTensorization`` asks for f16 by name. amp registers
@@ -32,8 +32,8 @@ from ..kernels.analysis import gemm_shape
 from ..kernels.intrinsics import bf16_intrinsics
 from ..registry import register
 
-MIN_EXTENT = 16  # one wmma fragment: N = 16 / 32 take tc_gemm's narrow tiles
-WIDE_MIN_EXTENT = 32  # the minimum with the narrow tiles off (cuda.narrow_gemm: false)
+MIN_EXTENT = 16  # one wmma fragment: with cuda.narrow_gemm, N = 16 / 32 take narrow tiles
+WIDE_MIN_EXTENT = 32  # the minimum with the narrow tiles off (cuda.narrow_gemm's default)
 BF16_MIN_SM = 80
 TC_MIN_SM = 70
 
@@ -48,7 +48,7 @@ def _make_rule():
 
         def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True,
                      small_m: bool = True, dims: dict | None = None,
-                     ranges: dict | None = None, narrow: bool = True):
+                     ranges: dict | None = None, narrow: bool = False):
             super().__init__()
             self.narrow = narrow
             # without the narrow tiles, N < 32 is left to dlight's SIMT rule (as before them)
@@ -112,7 +112,7 @@ MAX_VARIANT_SIZE = 1 << 24
 
 
 def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None,
-                  ranges: dict | None = None, narrow: bool = True):
+                  ranges: dict | None = None, narrow: bool = False):
     """amp's cp.async wmma schedule (``tc_gemm``) for a GEMM with static N and K (``info``: its
     :func:`gemm_shape`); a symbolic M or a symbolic batch (not both) gets the tile for its value
     at ``dims`` ({dim: optimum}, module docstring). Else None (symbolic N or K:
@@ -192,13 +192,14 @@ def _small_m_schedule(func, info, sm: int):
 
 def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
               small_m: bool = True, dims: dict | None = None,
-              ranges: dict | None = None, narrow: bool = True):
+              ranges: dict | None = None, narrow: bool = False):
     """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
     fp16/bf16 GEMMs with static N and K use amp's pipelined wmma schedule (tc_gemm) first, and
     static GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
     ``small_m`` is off. ``dims``: {symbolic dim: optimum} of a dynamic module; ``ranges``:
     {symbolic dim: (lo, hi)}, over which a symbolic GEMM gets one tile variant per size band.
-    ``narrow``: GEMMs with N <= 32 take tc_gemm's narrow tiles (``tc_gemm.NARROW``)."""
+    ``narrow``: GEMMs with N <= 32 take tc_gemm's narrow tiles (``tc_gemm.NARROW``); off
+    (``cuda.narrow_gemm``'s default), every side must be >= 32, as before those tiles."""
     return _make_rule()(min_extent, own_gemm, small_m, dims, ranges, narrow)
 
 
