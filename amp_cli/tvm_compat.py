@@ -509,6 +509,12 @@ def onnx_default_converter(op_type: str, opset: int):
     return getattr(onnx_frontend, op_type).get_converter(opset)
 
 
+def dtype_bits(dtype: str) -> int:
+    """Bits of one element of ``dtype`` (all lanes of a vector type)."""
+    d = tvm().DataType(str(dtype))
+    return int(d.bits) * int(d.lanes)
+
+
 def constant_value(expr):
     """The numpy value of a Relax constant, or None when ``expr`` is not one."""
     if isinstance(expr, tvm().ir.expr.Constant):

@@ -524,7 +524,8 @@ def render(result: dict, build_only: bool = False) -> str:
         if prof:
             lines.append(f"{'':<12} amp fp16 top kernels (no CUDA graph build; synced, incl. "
                          f"launch): " + ", ".join(
-                f"{p['name']} {p['ms']:.3f}ms x{p['count']} ({p['percent']:.0f}%)"
+                f"{p['name']} {p['ms']:.3f}ms x{p['count']} ({p['percent']:.0f}%"
+                + (f", >={p['gbps']:.0f} GB/s" if p.get("gbps") else "") + ")"
                 for p in prof[:5]))
     lines += summary_lines(result)
     for n in result.get("notes", []):

@@ -85,12 +85,27 @@ def time_torch(module, arrays, cfg: BenchConfig, batch: int, dtype: str = "float
     return LatencyStats.from_seconds(samples, batch, cfg.number), acc, timer
 
 
+def tensor_bytes(value) -> int:
+    """Bytes of a runtime tensor argument (0 for shapes, scalars and the like)."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        bits = tvm_compat.dtype_bits(str(dtype))
+    except (TypeError, ValueError):
+        return 0
+    return int(np.prod([int(d) for d in shape], dtype=np.int64)) * bits // 8
+
+
 def profile_library(library: str, device: str, feeds: dict, order: list[str],
                     top: int = 20) -> list[dict]:
     """Per-kernel time of one call of a Relax VM library: the ``top`` kernels by total time, as
-    {name, ms, count, percent}. A VM instrument synchronizes the device around every call, so
-    each kernel's time includes its launch (a few us): use it for where the time goes, not for
-    the end-to-end latency."""
+    {name, ms, count, percent, bytes, gbps}. A VM instrument synchronizes the device around
+    every call, so each kernel's time includes its launch (a few us): use it for where the time
+    goes, not for the end-to-end latency. ``bytes``: what one call of the kernel reads and
+    writes at least (its tensor arguments, inputs and outputs, once each); ``gbps``: that over
+    the measured time (a lower bound of the kernel's bandwidth, as the time includes the
+    launch), to set against the GPU's peak."""
     runner = LibraryRunner(library, device)
     vm, dev = runner.vm, runner.device
     args = [tvm_compat.to_tvm_tensor(feeds[n], dev) for n in order]
@@ -98,14 +113,15 @@ def profile_library(library: str, device: str, feeds: dict, order: list[str],
     per: dict[str, list] = {}
     started: list[float] = []
 
-    def instrument(_func, symbol, before_run, _ret, *_args):
+    def instrument(_func, symbol, before_run, _ret, *args):
         dev.sync()
         if before_run:
             started.append(time.perf_counter())
         else:
-            acc = per.setdefault(str(symbol), [0.0, 0])
+            acc = per.setdefault(str(symbol), [0.0, 0, 0])
             acc[0] += time.perf_counter() - started.pop()
             acc[1] += 1
+            acc[2] += sum(tensor_bytes(a) for a in args)
         return 0  # VMInstrumentReturnKind.NO_OP
 
     vm.set_instrument(instrument)
@@ -115,5 +131,6 @@ def profile_library(library: str, device: str, feeds: dict, order: list[str],
     per = {k: v for k, v in per.items() if not k.startswith("vm.builtin.")} or per
     total = sum(v[0] for v in per.values()) or 1.0
     rows = sorted(per.items(), key=lambda kv: -kv[1][0])[:top]
-    return [{"name": k, "ms": v[0] * 1e3, "count": v[1], "percent": 100 * v[0] / total}
+    return [{"name": k, "ms": v[0] * 1e3, "count": v[1], "percent": 100 * v[0] / total,
+             "bytes": v[2] // max(v[1], 1), "gbps": v[2] / v[0] / 1e9 if v[0] > 0 else None}
             for k, v in rows]

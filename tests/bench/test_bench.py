@@ -207,3 +207,25 @@ def test_plot(outdir, tmp_path):
         return
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_kernel_profile_counts_each_kernels_bytes(tmp_path):
+    """profile_library's per-kernel bytes: the kernel's tensor arguments (inputs and output)
+    once per call, so GB/s can be set against the GPU's bandwidth. y = relu(x + 1) at fp32 is
+    one kernel reading x and writing y."""
+    from amp_cli.bench.timing import profile_library
+
+    b = models.GraphBuilder(seed=3)
+    y = b.op("Relu", [b.op("Add", ["x", b.const(np.float32(1.0))])])
+    path = tmp_path / "add_relu.onnx"
+    onnx.save(b.model([("x", [64, 48], "float32")], [(y, [64, 48], "float32")]), str(path))
+    out = tmp_path / "out"
+    res = _invoke(["convert", str(path), "-o", str(out), "--target", "llvm", "--precision",
+                   "fp32", "--no-accuracy"])
+    assert res.exit_code == 0, res.output
+    x = np.random.default_rng(0).standard_normal((64, 48)).astype("float32")
+    rows = profile_library(str(out / "model.so"), "cpu", {"x": x}, ["x"])
+    kernels = [r for r in rows if "relu" in r["name"]]
+    assert len(kernels) == 1, rows
+    assert kernels[0]["bytes"] == 2 * 64 * 48 * 4 and kernels[0]["count"] == 1
+    assert kernels[0]["gbps"] > 0

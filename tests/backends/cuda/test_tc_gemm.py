@@ -278,15 +278,10 @@ def _run(func, arrays, out_shape, out_dtype):
     return out.numpy()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
-@pytest.mark.parametrize("cfg", tc_gemm.CANDIDATES, ids=lambda c: c.name())
-@pytest.mark.parametrize("shape", [(256, 256, 256), (200, 100, 72), (96, 520, 1032)])
-def test_candidates_match_fp32_reference(cfg, shape):
-    """Every tile on aligned and ragged shapes, bias + relu fused: rel L2 vs numpy fp32 below 2e-3
-    (fp16 output rounding alone is ~3e-4; a wrong tile/predicate gives O(1))."""
-    m, n, k = shape
-    rng = np.random.default_rng(1)
+def _bias_relu_rel_l2(cfg, m, n, k, seed):
+    """rel L2 of relu(A @ B^T + bias) on ``cfg``'s tile (fp16 in/out, random normal inputs)
+    against numpy fp32."""
+    rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype("float16")
     b = rng.standard_normal((n, k)).astype("float16")
     bias = rng.standard_normal(n).astype("float32")
@@ -294,7 +289,17 @@ def test_candidates_match_fp32_reference(cfg, shape):
     sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
     out = _run(own(gemm(m, n, k, bias=True, relu=True), f"sm_{sm}", cfg), [a, b, bias],
                (m, n), "float16").astype("float32")
-    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cfg", tc_gemm.CANDIDATES, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", [(256, 256, 256), (200, 100, 72), (96, 520, 1032)])
+def test_candidates_match_fp32_reference(cfg, shape):
+    """Every tile on aligned and ragged shapes, bias + relu fused: rel L2 vs numpy fp32 below 2e-3
+    (fp16 output rounding alone is ~3e-4; a wrong tile/predicate gives O(1))."""
+    assert _bias_relu_rel_l2(cfg, *shape, seed=1) < 2e-3
 
 
 @pytest.mark.gpu
@@ -306,15 +311,7 @@ def test_narrow_tiles_match_fp32_reference(m, n, k):
     bias + relu fused: rel L2 vs numpy fp32 below 2e-3."""
     cfg = tc_gemm.choose_config(1, m, n, k, 90, narrow=True)
     assert cfg in tc_gemm.NARROW and cfg.bn >= n
-    rng = np.random.default_rng(4)
-    a = rng.standard_normal((m, k)).astype("float16")
-    b = rng.standard_normal((n, k)).astype("float16")
-    bias = rng.standard_normal(n).astype("float32")
-    ref = np.maximum(a.astype("float32") @ b.astype("float32").T + bias, 0)
-    sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
-    out = _run(own(gemm(m, n, k, bias=True, relu=True), f"sm_{sm}", cfg), [a, b, bias],
-               (m, n), "float16").astype("float32")
-    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+    assert _bias_relu_rel_l2(cfg, m, n, k, seed=4) < 2e-3
 
 
 @pytest.mark.gpu
