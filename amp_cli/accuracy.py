@@ -68,12 +68,42 @@ def load_inputs(path: str, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     return feeds
 
 
+# A reference output measures nothing when it is ~0 everywhere or constant (random-init models:
+# MobileViT's hidden state is exactly 0, torchvision MobileNet logits before BN calibration)
+ZERO_ABS = 1e-6        # max |x| below this: all ~0
+CONSTANT_STD = 1e-3    # std across elements below this share of the mean |x|: constant
+
+
+def degeneracy(ref) -> str:
+    """Why an fp32 reference output cannot judge a conversion ('' when it can): all ~0, or
+    constant (every element the same up to ``CONSTANT_STD``)."""
+    x = np.asarray(ref, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return ""
+    top = float(np.abs(x).max())
+    if top < ZERO_ABS:
+        return f"all ~0 (max |x| {top:.1e})"
+    scale = float(np.abs(x).mean())
+    if x.size > 1 and float(x.std()) < CONSTANT_STD * scale:
+        return f"constant (std {x.std():.1e} against mean |x| {scale:.1e})"
+    return ""
+
+
 def metrics(ref: np.ndarray, got: np.ndarray) -> dict:
     """max abs, relative L2, cosine and the non-finite share of ``got`` against ``ref``.
     Where ``ref`` itself is inf/NaN (a degenerate fp32 reference) those positions are left out
     and their share is reported as ``reference_nonfinite_share``."""
     ref = np.asarray(ref, dtype=np.float64)
     got = np.asarray(got, dtype=np.float64)
+    flat = degeneracy(ref)
+    if flat:
+        return {**metrics_of(ref, got), "reference_degenerate": flat}
+    return metrics_of(ref, got)
+
+
+def metrics_of(ref: np.ndarray, got: np.ndarray) -> dict:
+    """:func:`metrics` without the degeneracy check (float64 arrays)."""
     finite = np.isfinite(got)
     nonfinite = float(1.0 - finite.mean()) if got.size else 0.0
     if ref.shape != got.shape:
@@ -109,6 +139,12 @@ def summarize(per_output: list[dict]) -> dict:
     if ref_bad:
         worst["reference_nonfinite_share"] = ref_bad
     return worst
+
+
+def degenerate_outputs(per_output: list[dict]) -> str:
+    """The outputs whose fp32 reference is degenerate, with why ('' when none is)."""
+    return "; ".join(f"{m.get('output', f'output {i}')}: {m['reference_degenerate']}"
+                     for i, m in enumerate(per_output) if m.get("reference_degenerate"))
 
 
 class LibraryRunner:
@@ -192,6 +228,8 @@ def check_accuracy(model, library: str, device: str, seed: int, samples: int = 1
                            "worst": summarize(at_point)})
     result = {"device": device, "samples": samples, "seed": seed, "outputs": per_output,
               "worst": summarize(per_output)}
+    if degenerate_outputs(per_output):
+        result["reference_degenerate"] = degenerate_outputs(per_output)
     if points:
         result["points"] = points
     return result
@@ -209,6 +247,8 @@ def merge_metrics(into: list[dict], new: list[dict], names: list[str]) -> None:
             if key in m:
                 into[i][key] = max(into[i].get(key, 0.0), m[key])
         into[i]["cosine"] = min(into[i]["cosine"], m["cosine"])
+        if m.get("reference_degenerate"):
+            into[i].setdefault("reference_degenerate", m["reference_degenerate"])
 
 
 def compare_outputs(reference, outputs, model=None) -> dict | None:
@@ -226,4 +266,7 @@ def compare_outputs(reference, outputs, model=None) -> dict | None:
         per.append({"output": names[i] if i < len(names) else f"output{i}",
                     **metrics(r, np.asarray(g, dtype=np.float32)
                               if np.asarray(g).dtype.kind == "f" else g)})
-    return {**summarize(per), "outputs": per}
+    out = {**summarize(per), "outputs": per}
+    if degenerate_outputs(per):
+        out["reference_degenerate"] = degenerate_outputs(per)
+    return out

@@ -240,6 +240,11 @@ def _build_checked(model, cfg, target, auto, staging, isolate, step, notes) -> _
             worst["rel_l2"] <= cfg.accuracy.rel_l2_tolerance
         if device == "cuda" and worst.get("nonfinite_share"):
             notes.append(_locate_nonfinite(model, mod, cfg, target, attempt_dir, result, isolate))
+        if accuracy.get("reference_degenerate"):
+            notes.append(f"the fp32 reference is degenerate on the check's inputs "
+                         f"({accuracy['reference_degenerate']}): its accuracy numbers say nothing "
+                         f"about the conversion (random-init weights? check the library on "
+                         f"real inputs: amp bench OUTDIR --inputs FILE.npz)")
         if worst.get("reference_nonfinite_share"):
             notes.append(f"{worst['reference_nonfinite_share']:.1%} of the fp32 reference's "
                          f"output values are inf/NaN on the check's inputs: those positions "

@@ -31,17 +31,17 @@ def rel_l2(ref: np.ndarray, got: np.ndarray) -> float:
 
 
 def find_degeneracy(outputs: list[np.ndarray]) -> str:
-    """Why a reference measures nothing ('' when it is fine): non-finite, all ~0, or constant
-    (std across elements below 1e-3 of the mean magnitude)."""
+    """Why a reference measures nothing ('' when it is fine): non-finite, or what amp's own
+    check calls degenerate (``amp_cli.accuracy.degeneracy``: all ~0, or constant)."""
+    from amp_cli.accuracy import degeneracy
+
     for i, out in enumerate(outputs):
         x = np.asarray(out, np.float64)
         if not np.isfinite(x).all():
             return f"output {i}: non-finite values in the fp32 reference"
-        scale = float(np.abs(x).mean()) if x.size else 0.0
-        if x.size and float(np.abs(x).max()) < 1e-6:
-            return f"output {i}: all ~0 (max |x| {np.abs(x).max():.1e})"
-        if x.size > 1 and float(x.std()) < 1e-3 * scale:
-            return f"output {i}: constant (std {x.std():.1e} vs mean |x| {scale:.1e})"
+        reason = degeneracy(x)
+        if reason:
+            return f"output {i}: {reason}"
     return ""
 
 

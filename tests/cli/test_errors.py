@@ -581,6 +581,37 @@ def test_summary_with_non_finite_reference(cli, tmp_path):
     assert 0 < worst["reference_nonfinite_share"] < 1
 
 
+def test_summary_with_constant_reference(cli, tmp_path):
+    """A model whose fp32 output is the same on every input (random-init MobileViT's hidden
+    state is all 0) gives rel L2 0 whatever the conversion does: the summary and the report
+    say the reference is degenerate instead of letting 0 read as 'exact'."""
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "zero"], ["z"]), helper.make_node("Add", ["z", "one"],
+                                                                         ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])],
+        initializer=[helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0]),
+                     helper.make_tensor("one", TensorProto.FLOAT, [1], [1.5])])
+    path = tmp_path / "const.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    out = tmp_path / "out"
+    res = cli("convert", path, "-o", out, "--target", "llvm")
+    assert res.exit_code == 0, res.output
+    assert "reference is degenerate" in res.stdout and "constant" in res.stdout
+    acc = json.loads((out / "report.json").read_text())["accuracy"]
+    assert acc["reference_degenerate"].startswith("y: constant") and acc["worst"]["rel_l2"] == 0
+
+
+def test_degeneracy_of_references():
+    from amp_cli.accuracy import degeneracy
+
+    rng = np.random.default_rng(0)
+    assert degeneracy(rng.standard_normal(100)) == ""
+    assert degeneracy(np.zeros(50)).startswith("all ~0")
+    assert degeneracy(np.full(50, 3.0) + 1e-6 * rng.standard_normal(50)).startswith("constant")
+    assert degeneracy(np.array([np.inf, 1.0, -2.0])) == ""  # non-finite: reported elsewhere
+
+
 def test_error_line_picks_the_message_not_the_dump():
     from amp_cli.sandbox import error_line
 
