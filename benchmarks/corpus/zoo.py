@@ -165,6 +165,17 @@ def hf_config(name: str, p: dict):
             vocab_size=V, d_model=H, encoder_layers=L, encoder_attention_heads=A,
             encoder_ffn_dim=F, decoder_layers=1, decoder_attention_heads=A,
             max_source_positions=50 if H < 768 else 1500),
+        "llama": lambda: tf.LlamaConfig(
+            vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+            num_key_value_heads=max(1, A // 2), intermediate_size=F,
+            max_position_embeddings=max(p["seq"], 128)),
+        "deberta_v2": lambda: tf.DebertaV2Config(
+            vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+            intermediate_size=F, max_position_embeddings=max(p["seq"], 128),
+            relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=64),
+        "segformer": lambda: tf.SegformerConfig(
+            **(dict(hidden_sizes=[16, 32, 64, 128], num_attention_heads=[1, 2, 4, 8],
+                    depths=[1, 1, 1, 1], decoder_hidden_size=64) if H < 768 else {})),
         "wav2vec2": lambda: tf.Wav2Vec2Config(
             hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=F,
             **({} if H >= 768 else dict(conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
@@ -185,6 +196,13 @@ HF = {
                    "relative position bias, RMS norm, fp16 overflow in FFN"),
     "vit_hf": ("ViTModel", lambda c, p, b: image_input(b, c.image_size, "pixel_values"),
                "class token Concat, HF attention"),
+    "llama": ("LlamaModel", lambda c, p, b: text_inputs(b, p["seq"], c.vocab_size),
+              "RoPE, RMSNorm, grouped-query attention, SiLU-gated MLP, causal + padding mask"),
+    "deberta_v2": ("DebertaV2Model", lambda c, p, b: text_inputs(b, p["seq"], c.vocab_size),
+                   "disentangled relative-position attention (gathers of position scores)"),
+    "segformer": ("SegformerModel", lambda c, p, b: image_input(b, 64 if p["hidden"] < 768
+                                                                else 512, "pixel_values"),
+                  "spatial-reduction attention, overlapping patch convs, depthwise conv MLP"),
     "whisper_encoder": ("WhisperEncoder", lambda c, p, b: [InputSpec(
         "input_features", (b, c.num_mel_bins, 2 * c.max_source_positions))],
         "conv1d front end + encoder layers (speech)"),
