@@ -96,14 +96,13 @@ def metrics(ref: np.ndarray, got: np.ndarray) -> dict:
     and their share is reported as ``reference_nonfinite_share``."""
     ref = np.asarray(ref, dtype=np.float64)
     got = np.asarray(got, dtype=np.float64)
+    out = _compare(ref, got)
     flat = degeneracy(ref)
-    if flat:
-        return {**metrics_of(ref, got), "reference_degenerate": flat}
-    return metrics_of(ref, got)
+    return {**out, "reference_degenerate": flat} if flat else out
 
 
-def metrics_of(ref: np.ndarray, got: np.ndarray) -> dict:
-    """:func:`metrics` without the degeneracy check (float64 arrays)."""
+def _compare(ref: np.ndarray, got: np.ndarray) -> dict:
+    """:func:`metrics` of float64 arrays, without the degeneracy check."""
     finite = np.isfinite(got)
     nonfinite = float(1.0 - finite.mean()) if got.size else 0.0
     if ref.shape != got.shape:
@@ -228,8 +227,9 @@ def check_accuracy(model, library: str, device: str, seed: int, samples: int = 1
                            "worst": summarize(at_point)})
     result = {"device": device, "samples": samples, "seed": seed, "outputs": per_output,
               "worst": summarize(per_output)}
-    if degenerate_outputs(per_output):
-        result["reference_degenerate"] = degenerate_outputs(per_output)
+    flat = degenerate_outputs(per_output)
+    if flat:
+        result["reference_degenerate"] = flat
     if points:
         result["points"] = points
     return result
@@ -267,6 +267,7 @@ def compare_outputs(reference, outputs, model=None) -> dict | None:
                     **metrics(r, np.asarray(g, dtype=np.float32)
                               if np.asarray(g).dtype.kind == "f" else g)})
     out = {**summarize(per), "outputs": per}
-    if degenerate_outputs(per):
-        out["reference_degenerate"] = degenerate_outputs(per)
+    flat = degenerate_outputs(per)
+    if flat:
+        out["reference_degenerate"] = flat
     return out

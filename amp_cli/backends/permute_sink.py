@@ -144,15 +144,15 @@ def sink_permutes(mod):
     return mod, total
 
 
-def sink_permutes_pass(stats: dict | None = None, key: str = "permutes_sunk"):
-    """:func:`sink_permutes` as a module pass; ``stats[key]`` counts the rewrites."""
+def sink_permutes_pass(stats: dict | None = None):
+    """:func:`sink_permutes` as a module pass; ``stats["permutes_sunk"]`` counts the rewrites."""
     tvm = tvm_compat.tvm()
 
     @tvm.transform.module_pass(opt_level=0, name="AmpSinkPermutes")
     def _pass(mod, _ctx):
         new, count = sink_permutes(mod)
         if stats is not None:
-            stats[key] = stats.get(key, 0) + count
+            stats["permutes_sunk"] = stats.get("permutes_sunk", 0) + count
         return new
 
     return _pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from .. import tvm_compat
@@ -63,7 +64,7 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
     ex.export_library(out_path)
     src = tvm_compat.cuda_source(ex) if target.is_cuda else ""
     if src and os.environ.get("AMP_DUMP_CUDA"):
-        open(os.environ["AMP_DUMP_CUDA"], "w").write(src)
+        Path(os.environ["AMP_DUMP_CUDA"]).write_text(src)
     tc = 0
     if src:
         for chunk in src.split("__global__")[1:]:

@@ -23,10 +23,9 @@ the end of the chain, where it meets the un-flattening one and both disappear.
 from __future__ import annotations
 
 from .... import tvm_compat
-from ..registry import register
 from ...relax_calls import ELEMENTWISE
+from ..registry import register
 from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
-
 
 
 def _reshape_of(lookup, expr):

@@ -32,8 +32,8 @@ from ..kernels.analysis import gemm_shape
 from ..kernels.intrinsics import bf16_intrinsics
 from ..registry import register
 
-MIN_EXTENT = 16  # one wmma fragment: with cuda.narrow_gemm, N = 16 / 32 take narrow tiles
-WIDE_MIN_EXTENT = 32  # the minimum with the narrow tiles off (cuda.narrow_gemm's default)
+MIN_EXTENT = 32
+NARROW_MIN_EXTENT = 16  # one wmma fragment: with cuda.narrow_gemm, N = 16 takes a narrow tile
 BF16_MIN_SM = 80
 TC_MIN_SM = 70
 
@@ -51,8 +51,9 @@ def _make_rule():
                      ranges: dict | None = None, narrow: bool = False):
             super().__init__()
             self.narrow = narrow
-            # without the narrow tiles, N < 32 is left to dlight's SIMT rule (as before them)
-            self.min_extent = min_extent if narrow else max(min_extent, WIDE_MIN_EXTENT)
+            # the narrow tiles take sides down to one fragment; without them a side below
+            # ``min_extent`` is left to dlight's SIMT rule
+            self.min_extent = min(min_extent, NARROW_MIN_EXTENT) if narrow else min_extent
             self.own_gemm = own_gemm
             self.small_m = small_m
             self.dims = dict(dims or {})
