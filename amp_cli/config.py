@@ -103,14 +103,17 @@ class CudaConfig:
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
     fused_attention: bool = True  # softmax(Q K^T [+ mask]) V as one kernel (fp16/bf16, any S)
-    # S <= 256 on the row kernel (whole score rows on chip); false: the tiled online-softmax
-    # kernel for every length
+    # S <= 256 on the row kernel (whole score rows on chip) where two CTAs fit an SM; false:
+    # an online-softmax kernel for every length
     attention_rows: bool = True
+    # the online-softmax attention as mma.sync with scores and output in registers
+    # (FlashAttention-2's structure) instead of wmma through shared memory
+    mma_attention: bool = False
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
-    # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N. Off until its GPU tests
-    # and A/B have run (docs/gpu-performance.md; benchmarks/h200_session.sh verify)
-    narrow_gemm: bool = False
+    # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N (yolo_head 1.24 -> 0.94 ms
+    # on the H100, docs/gpu-performance.md)
+    narrow_gemm: bool = True
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
     # depthwise/grouped convs as amp's NHWC kernel: channel vectors per thread, rows in registers

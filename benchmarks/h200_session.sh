@@ -8,10 +8,10 @@
 #   bash benchmarks/h200_session.sh suite [NAMES]  # issue 21: real exports vs torch.compile
 #        (nine models and their torch.compile runs do not fit one 10-minute call: run
 #        `suite cnn`, `suite transformers`, `suite rest` -- groups of the default list)
-#   bash benchmarks/h200_session.sh verify     # the 2026-12-07 changes: GPT-2's Hopper-epilogue
-#        pow (was 100 % NaN), permute sinking, the narrow N <= 32 GEMMs (opt-in), the tiled
-#        attention for S <= 256 -- GPU tests, then each model with the switch flipped as a
-#        variant (A/B in one run); VERIFY_MODELS picks the models
+#   bash benchmarks/h200_session.sh verify     # switches being decided (the mma.sync attention,
+#        narrow GEMM tiles): GPU tests, the attention kernels alone against torch's SDPA, then
+#        each model with the switch flipped as a variant (A/B in one run); VERIFY_MODELS picks
+#        the models
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
 #   bash benchmarks/h200_session.sh corpus NAMES [NAMES...]  # issue 20: corpus rows on cuda
 #        (fp16,bf16; each NAMES group exported and run in parallel with the others)
@@ -61,19 +61,28 @@ case "$step" in
       "$@" 2>&1 | tee "$OUT/gpu_suite_$tag.log" | tail -60
     ;;
   verify)
+    # the switches still being decided, as variants beside each default build (A/B in one
+    # run): the mma.sync attention (cuda.mma_attention) on the long-sequence and ViT models
+    # and, with the row kernel off too, on bert/gpt2; narrow_gemm (on by default since the
+    # 2026-12-07 A/B) off on the detector. GPU tests of the kernels first. VERIFY_MODELS picks
+    # the models.
     par=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
-    timeout 120 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
-      --junitxml="$OUT/verify_tests.xml" tests/backends/cuda/test_hopper_gemm.py \
-      tests/backends/cuda/test_tc_gemm.py -k "gelu or narrow" 2>&1 | tail -8
+    timeout 150 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
+      --junitxml="$OUT/verify_tests.xml" tests/backends/cuda/test_fused_attention.py \
+      tests/backends/cuda/test_tc_gemm.py -k "mma or narrow" 2>&1 | tail -8
+    timeout 120 "$PY" benchmarks/attention_bench.py --json "$OUT/attention_bench.json" \
+      --shapes "8,12,1500,64;8,12,197,64;8,12,128,64;8,12,512,64" --number 10 --repeat 10 \
+      2>&1 | tail -14
     V=benchmarks/variants
-    timeout 450 "$PY" benchmarks/gpu_suite.py --models '' \
-      --corpus "${VERIFY_MODELS:-gpt2,yolo_head,convnext_tiny,vit_b_16,efficientnet_b0}" \
+    timeout 420 "$PY" benchmarks/gpu_suite.py --models '' \
+      --corpus "${VERIFY_MODELS:-whisper_encoder,vit_b_16,bert,gpt2,yolo_head}" \
       --torch-modes reduce-overhead --amp-precisions fp16 --no-profile --jobs 8 \
-      --budget-s "${VERIFY_BUDGET_S:-400}" --json "$OUT/verify_suite.json" \
-      --variant "yolo_head.dynamo:narrow=$V/narrow-gemm.yaml" \
-      --variant "efficientnet_b0.dynamo:narrow=$V/narrow-gemm.yaml" \
-      --variant "convnext_tiny.dynamo:no-sink-permutes=$V/no-sink-permutes.yaml" \
-      --variant "vit_b_16.dynamo:tiled-attn=$V/tiled-attention.yaml" "$@" 2>&1 \
+      --budget-s "${VERIFY_BUDGET_S:-380}" --json "$OUT/verify_suite.json" \
+      --variant "whisper_encoder.dynamo:mma=$V/mma-attention.yaml" \
+      --variant "vit_b_16.dynamo:mma=$V/mma-attention.yaml" \
+      --variant "bert.dynamo:mma-all=$V/mma-attention-all.yaml" \
+      --variant "gpt2.dynamo:mma-all=$V/mma-attention-all.yaml" \
+      --variant "yolo_head.dynamo:no-narrow=$V/no-narrow-gemm.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
     ;;
   dynamic)

@@ -160,8 +160,9 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "combine_gemms": True,
                                         "split_k": True, "implicit_gemm": True,
                                         "fused_attention": True, "attention_rows": True,
+                                        "mma_attention": False,
                                         "fused_norm_cast": True,
-                                        "small_gemm": True, "narrow_gemm": False,
+                                        "small_gemm": True, "narrow_gemm": True,
                                         "unroll_injective": True,
                                         "depthwise_conv": True, "hopper_gemm": True}
     md = (out / "report.md").read_text()

@@ -13,7 +13,9 @@ from amp_cli import tvm_compat  # noqa: E402
 from fixtures.cuda_compile import compile_like_tvm  # noqa: E402
 from amp_cli.backends.cuda.kernels import attention as ak  # noqa: E402
 from amp_cli.backends.cuda.kernels import flash_attention as fk  # noqa: E402
-from amp_cli.backends.cuda.rewrites.fused_attention import fuse_attention, plan  # noqa: E402
+from amp_cli.backends.cuda.kernels import mma_attention as mk  # noqa: E402
+from amp_cli.backends.cuda.rewrites.fused_attention import KERNELS, fuse_attention, \
+    plan  # noqa: E402
 from amp_cli.backends.cuda.rewrites.base import calls, op_name  # noqa: E402
 
 relax = tvm.relax
@@ -72,9 +74,10 @@ def _attention_module(b=2, h=2, s=64, d=64, scale=0.125, mask=None, kt_input=Fal
     return bb.get()
 
 
-def _kernel(flash: bool, *args):
-    """The tiled (online-softmax) kernel or the row kernel, same arguments."""
-    return (fk.flash_attention_func if flash else ak.attention_func)(*args)
+def _kernel(kernel: str, *args):
+    """The row kernel, the tiled (wmma online-softmax) one or the mma.sync one, same
+    arguments."""
+    return KERNELS[kernel](*args)
 
 
 def _ops(mod) -> list[str]:
@@ -144,7 +147,7 @@ def test_the_nan_guard_of_sdpa_exports_is_kept_inside_the_kernel(monkeypatch):
     """where(isnan(P), 0, P): fused, and the kernel writes 0 for a row masked everywhere."""
     made = []
     real = ak.attention_func
-    monkeypatch.setattr(ak, "attention_func", lambda *a: made.append(a[11]) or real(*a))
+    monkeypatch.setitem(KERNELS, "rows", lambda *a: made.append(a[11]) or real(*a))
     new, fused, declined = fuse_attention(
         _attention_module(mask=(2, 1, 1, 64), nan_guard=True), 90)
     assert (fused, declined) == (1, {})
@@ -185,7 +188,7 @@ def test_split_scale_and_dynamo_keys_are_read_in_place():
 def test_the_kernel_scale_is_the_product_of_the_factors(monkeypatch):
     made = []
     real = ak.attention_func
-    monkeypatch.setattr(ak, "attention_func", lambda *a: made.append(a[4]) or real(*a))
+    monkeypatch.setitem(KERNELS, "rows", lambda *a: made.append(a[4]) or real(*a))
     fuse_attention(_attention_module(scale=0.125), 90)
     fuse_attention(_attention_module(scale=0.125, split_scale=True), 90)
     root = float(np.float16(np.sqrt(0.125)))  # the fp16 constant the export holds
@@ -219,20 +222,37 @@ def test_sequences_between_blocks_are_padded_inside_the_kernel():
 
 
 def test_shared_memory_bound_and_supported_shapes():
-    assert plan(128, 64, 227) == (False, None)
-    # an upper bound (TVM overlaps buffers whose lifetimes do not): S=256 fits sm_90, not sm_80,
-    # where the online-softmax kernel (its buffers independent of S) takes it
+    # the row kernel where two CTAs fit an SM: S = 128 at D = 64 (113 KiB) on sm_90
+    assert plan(128, 64, 227) == ("rows", None) and plan(128, 128, 227) == ("tiled", None)
+    # an upper bound (TVM overlaps buffers whose lifetimes do not): S = 197 runs as 256, 197
+    # KiB, one CTA per SM even on sm_90: the online-softmax kernel (buffers independent of S)
     assert ak.shared_bytes(256, 64) // 1024 == 197
     assert "exceeds the GPU's 163 KiB" in ak.supported(256, 64, 163)
-    assert plan(256, 64, 227) == (False, None) and plan(256, 64, 163) == (True, None)
-    assert plan(320, 64, 227) == (True, None) and plan(1500, 128, 227) == (True, None)
+    assert plan(197, 64, 227) == ("tiled", None) and plan(256, 64, 163) == ("tiled", None)
+    assert plan(64, 64, 163) == ("rows", None) and plan(128, 64, 163) == ("tiled", None)
+    assert plan(320, 64, 227) == ("tiled", None) and plan(1500, 128, 227) == ("tiled", None)
     assert plan(128, 40, 227) == (None, "head dim 40 is not a multiple of 16")
     assert "exceeds the GPU's 48 KiB" in plan(1500, 128, 48)[1]
-    # cuda.attention_rows off: the tiled kernel for every length
-    assert plan(128, 64, 227, rows=False) == (True, None)
-    new, fused, _ = fuse_attention(_attention_module(s=197), 90, rows=False)
+    # through the rewrite, the arch's limit in KiB (it was passed in bytes: S = 256 took the
+    # row kernel's 197 KiB on sm_80, whose limit is 163)
+    for sm, kernel in ((80, "flash_attention"), (90, "flash_attention")):
+        new, fused, _ = fuse_attention(_attention_module(s=256), sm)
+        assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == kernel, sm
+    new, _, _ = fuse_attention(_attention_module(s=64), 80)
+    assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "attention"
+    # cuda.attention_rows off: an online-softmax kernel for every length
+    assert plan(128, 64, 227, rows=False) == ("tiled", None)
+    new, fused, _ = fuse_attention(_attention_module(s=128), 90, rows=False)
     assert fused == 1
     assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "flash_attention"
+    # cuda.mma_attention: the mma.sync kernel instead of the tiled one, D <= 128
+    assert plan(1500, 64, 227, mma=True) == ("mma", None)
+    assert plan(128, 64, 227, mma=True) == ("rows", None)
+    assert plan(128, 64, 227, rows=False, mma=True) == ("mma", None)
+    assert plan(1500, 256, 227, mma=True) == ("tiled", None)
+    new, fused, _ = fuse_attention(_attention_module(s=197), 90, mma=True)
+    assert fused == 1
+    assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "mma_attention"
 
 
 def test_long_sequences_take_the_online_softmax_kernel():
@@ -246,19 +266,20 @@ def test_long_sequences_take_the_online_softmax_kernel():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("masked,dtype,s,flash", [
-    (False, "float16", 128, False), (True, "float16", 128, False),
-    (True, "bfloat16", 128, False), (False, "float16", 197, False),
-    (True, "bfloat16", 77, False), (False, "float16", 1500, True),
-    (True, "bfloat16", 300, True)])
-def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype, s, flash,
+@pytest.mark.parametrize("masked,dtype,s,kernel", [
+    (False, "float16", 128, "rows"), (True, "float16", 128, "rows"),
+    (True, "bfloat16", 128, "rows"), (False, "float16", 197, "rows"),
+    (True, "bfloat16", 77, "rows"), (False, "float16", 1500, "tiled"),
+    (True, "bfloat16", 300, "tiled")])
+def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype, s, kernel,
                                                               monkeypatch):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     b, h, d = 2, 4, 64
     mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
-    func = _kernel(flash, b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
+    func = _kernel(kernel, b, h, s, d, 0.125, ak.bshd(b, h, s, d), ak.bshd(b, h, s, d),
                    ak.bshd(b, h, s, d), ak.bshd(b, h, s, d), mask, dtype)
+    flash = kernel == "tiled"
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
@@ -275,6 +296,45 @@ def test_kernel_compiles_to_wmma_with_a_barrier_free_softmax(arch, masked, dtype
     per_lane = 32 if flash else ak.padded_seq(s) // 2
     assert src.count("mf_ptr[") == (per_lane if masked else 0)
     # what a GPU machine compiles it with: NVRTC (TVM's default there), and nvcc
+    for mode in ("nvrtc", "nvcc"):
+        assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
+
+
+def _skip_unserved(kernel: str, s: int, d: int):
+    if kernel == "rows" and ak.padded_seq(s) > ak.MAX_SEQ:
+        pytest.skip("longer than the row kernel serves")
+    if kernel == "mma" and mk.supported(d, 227) is not None:
+        pytest.skip(mk.supported(d, 227))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("masked,dtype,s,d", [
+    (False, "float16", 1500, 64), (True, "bfloat16", 300, 64), (True, "float16", 197, 80),
+    (False, "bfloat16", 128, 128), (False, "float16", 512, 32)])
+def test_mma_kernel_keeps_scores_in_registers(arch, masked, dtype, s, d, monkeypatch):
+    """The mma.sync kernel: Q K^T and P V as m16n8k16 mma.sync (D/16 x 8 and 4 x D/8 per key
+    tile), operands through ldmatrix (.trans for V), no wmma and no score or probability
+    buffer in shared memory: three block barriers per key tile at most (tile store, tile
+    ready; TVM may add none in the loop's math), quad reductions by shuffle; compiled by
+    NVRTC and nvcc without spills."""
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+
+    b, h = 2, 4
+    mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
+    opnd = ak.bshd(b, h, s, d)
+    func = mk.mma_attention_func(b, h, s, d, 0.125, opnd, opnd, opnd, opnd, mask, dtype)
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
+    lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
+    src = lib.mod.imports[0].inspect_source()
+    ptx = "bf16" if dtype == "bfloat16" else "f16"
+    assert src.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx}.{ptx}.f32") == \
+        (d // 16) * 8 + 4 * (d // 8)
+    assert src.count("ldmatrix.sync.aligned.m8n8.x4.trans") == 4 * (d // 16)
+    assert "wmma" not in src and "warp_reduce_max_4" in src and "warp_reduce_sum_4" in src
+    loop = src[src.index("for (int t = 0;"):]
+    assert loop.count("__syncthreads()") <= 4, loop.count("__syncthreads()")
+    assert src.count("mf_ptr[") == (32 if masked else 0)
     for mode in ("nvrtc", "nvcc"):
         assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
 
@@ -296,8 +356,8 @@ def _reference(q, k, v, scale, mask=None):
                                             (2, 4, 128, 32, "bhsd"), (2, 12, 197, 64, "bshd"),
                                             (3, 2, 50, 32, "bhsd"), (2, 4, 1500, 64, "bshd"),
                                             (1, 2, 520, 128, "bhsd")])
-@pytest.mark.parametrize("flash", [False, True], ids=["rows", "tiled"])
-def test_kernel_matches_float64_on_gpu(b, h, s, d, layout, flash):
+@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma"])
+def test_kernel_matches_float64_on_gpu(b, h, s, d, layout, kernel):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     dev = tvm.cuda(0)
@@ -305,9 +365,8 @@ def test_kernel_matches_float64_on_gpu(b, h, s, d, layout, flash):
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     opnd = getattr(ak, layout)(b, h, s, d)
     scale = 1 / np.sqrt(d)
-    if not flash and ak.padded_seq(s) > ak.MAX_SEQ:
-        pytest.skip("longer than the row kernel serves")
-    func = _kernel(flash, b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d))
+    _skip_unserved(kernel, s, d)
+    func = _kernel(kernel, b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d))
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     rng = np.random.default_rng(s + d)
@@ -345,8 +404,8 @@ def _mask_values(kind, b, h, s, dtype, rng):
 @pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32), (2, 2, 77, 64),
                                      (2, 2, 333, 64)])
 @pytest.mark.parametrize("io", ["float16", "bfloat16"])
-@pytest.mark.parametrize("flash", [False, True], ids=["rows", "tiled"])
-def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io, flash):
+@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma"])
+def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io, kernel):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     dev = tvm.cuda(0)
@@ -357,9 +416,8 @@ def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io, flash
     mask = ak.broadcast_mask(m.shape, dtype, (b, h, s, s))
     opnd = ak.bshd(b, h, s, d)
     scale = 1 / np.sqrt(d)
-    if not flash and ak.padded_seq(s) > ak.MAX_SEQ:
-        pytest.skip("longer than the row kernel serves")
-    func = _kernel(flash, b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask, io)
+    _skip_unserved(kernel, s, d)
+    func = _kernel(kernel, b, h, s, d, scale, opnd, opnd, opnd, ak.bshd(b, h, s, d), mask, io)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     # values exact in bf16 and fp16 alike (multiples of 1/64 in [-2, 2]): one reference
@@ -441,8 +499,8 @@ def test_torch_sdpa_export_is_fused(causal, precision, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("nan_to_zero", [False, True])
-@pytest.mark.parametrize("flash", [False, True], ids=["rows", "tiled"])
-def test_rows_masked_everywhere_on_gpu(nan_to_zero, flash):
+@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma"])
+def test_rows_masked_everywhere_on_gpu(nan_to_zero, kernel):
     """Batch 1's keys all -inf: softmax's NaN for its rows, or 0 with the SDPA guard; batch 0
     unaffected; S = 77 exercises the padded block too."""
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
@@ -454,7 +512,7 @@ def test_rows_masked_everywhere_on_gpu(nan_to_zero, flash):
     m = np.zeros((b, 1, 1, s), "float32")
     m[1] = -np.inf
     opnd = ak.bshd(b, h, s, d)
-    func = _kernel(flash, b, h, s, d, 0.125, opnd, opnd, opnd, opnd,
+    func = _kernel(kernel, b, h, s, d, 0.125, opnd, opnd, opnd, opnd,
                    ak.broadcast_mask(m.shape, "float32", (b, h, s, s)), "float16", nan_to_zero)
     mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
@@ -504,24 +562,28 @@ def test_symbolic_batch_and_sequence_take_the_tiled_kernel(dynamo_kt):
     assert fused == 0
 
 
-def _symbolic_kernel(dtype="float16"):
+def _symbolic_kernel(dtype="float16", kernel="tiled"):
     b, s = _symbolic_dims()
     h, d = 4, 64
     opnd = ak.bshd(b, h, s, d)
     mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s))
-    return fk.flash_attention_func(b, h, s, d, 0.125, opnd, opnd, opnd, opnd, mask, dtype,
-                                   True)
+    return KERNELS[kernel](b, h, s, d, 0.125, opnd, opnd, opnd, opnd, mask, dtype, True)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_symbolic_kernel_compiles(arch, monkeypatch):
+@pytest.mark.parametrize("kernel", ["tiled", "mma"])
+def test_symbolic_kernel_compiles(arch, kernel, monkeypatch):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    mod = tvm.IRModule({"attention": _symbolic_kernel().with_attr("global_symbol", "attention")})
+    mod = tvm.IRModule({"attention": _symbolic_kernel(kernel=kernel).with_attr(
+        "global_symbol", "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     src = lib.mod.imports[0].inspect_source()
-    assert src.count("wmma::mma_sync") == 2 and src.count("mf_ptr[") == 32
+    if kernel == "tiled":
+        assert src.count("wmma::mma_sync") == 2 and src.count("mf_ptr[") == 32
+    else:  # a 16 x 64 score tile per warp: 32 scores per lane, each with its mask element
+        assert src.count("mma.sync.aligned.m16n8k16") == 64 and src.count("mf_ptr[") == 32
     for mode in ("nvrtc", "nvcc"):
         assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
 
@@ -529,7 +591,8 @@ def test_symbolic_kernel_compiles(arch, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("io", ["float16", "bfloat16"])
-def test_symbolic_kernel_matches_float64_at_every_shape_on_gpu(io):
+@pytest.mark.parametrize("kernel", ["tiled", "mma"])
+def test_symbolic_kernel_matches_float64_at_every_shape_on_gpu(io, kernel):
     """One compiled symbolic kernel run at several (batch, sequence), partial tiles and a
     padding mask included, each against float64."""
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
@@ -537,8 +600,8 @@ def test_symbolic_kernel_matches_float64_at_every_shape_on_gpu(io):
     dev = tvm.cuda(0)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(
         ".", "")})
-    mod = tvm.IRModule({"attention": _symbolic_kernel(io).with_attr("global_symbol",
-                                                                    "attention")})
+    mod = tvm.IRModule({"attention": _symbolic_kernel(io, kernel).with_attr("global_symbol",
+                                                                            "attention")})
     lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
     h, d = 4, 64
     dev_t = _device_tensor(io, dev)

@@ -2,6 +2,8 @@
 needs (legalize/access_ptr.py): CUDA builds checked here without a GPU, numerics on the GPU."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -310,7 +312,8 @@ def test_narrow_tiles_match_fp32_reference(m, n, k):
     """N <= 32 (a detector's 16/32-channel convs as GEMMs) on the narrow tiles, ragged M and N,
     bias + relu fused: rel L2 vs numpy fp32 below 2e-3."""
     cfg = tc_gemm.choose_config(1, m, n, k, 90, narrow=True)
-    assert cfg in tc_gemm.NARROW and cfg.bn >= n
+    # a K loop shorter than the pipeline clips its depth (K = 16: one stage); the tile is NARROW's
+    assert dataclasses.replace(cfg, stages=3) in tc_gemm.NARROW and cfg.bn >= n
     assert _bias_relu_rel_l2(cfg, m, n, k, seed=4) < 2e-3
 
 

@@ -80,7 +80,7 @@ CANDIDATES = (
     TileConfig(2, 2, 2, 4, 2, 3),   # 64x128x32, 4 warps of 32x64
     TileConfig(2, 2, 2, 2, 4, 3),   # 64x64x64, 4 warps of 32x32
 )
-# With ``cuda.narrow_gemm`` (off by default until measured on a GPU), GEMMs with N <= 32 (convs
+# With ``cuda.narrow_gemm`` (on by default since its H100 A/B of 2026-12-07), GEMMs with N <= 32 (convs
 # with 16 or 32 output channels over a large image: a detector's first stages) take a tile as
 # narrow as N instead of padding N to 64/128: the same 128 rows per
 # CTA (4 warps of 32 rows), 1 or 2 fragments across. Such GEMMs are memory-bound; the wide

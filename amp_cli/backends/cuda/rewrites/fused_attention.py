@@ -16,9 +16,10 @@ kernels disappear too. An output transposed back (``permute(O, [0, 2, 1, 3])``, 
 merge of the heads) is written in that layout directly.
 
 The kernel keeps the scores in fp32 from the GEMM through the mask and the softmax; the unfused
-fp16 graph rounds them to fp16 once or twice on the way. Sequences up to 256 take the kernel
-that holds whole score rows on chip; longer ones (or ones whose buffers exceed the GPU's shared
-memory) the online-softmax kernel over 64-key tiles (``kernels/flash_attention.py``). Shapes
+fp16 graph rounds them to fp16 once or twice on the way. Sequences up to 256 whose score rows
+fit on chip with two CTAs per SM take the row kernel; the others an online-softmax kernel over
+64-key tiles (``kernels/mma_attention.py`` with ``cuda.mma_attention``, else
+``kernels/flash_attention.py``; :func:`plan`). Shapes
 neither serves (head dims not a multiple of 16, a mask that does not broadcast) keep the
 unfused path and are counted.
 
@@ -38,6 +39,7 @@ from ....dims import module_ranges
 from ....hardware import smem_limit
 from ..kernels import attention as ak
 from ..kernels import flash_attention as fk
+from ..kernels import mma_attention as mk
 from ..registry import register
 from .base import add_counts, calls, module_pass, op_name, rewrite_calls, shape_of
 from .strided_view import bound as _bound
@@ -163,15 +165,30 @@ def _mask(mask, dims, mask_factor):
     return m, None
 
 
-def plan(seq, head_dim: int, smem_limit_kib: int, rows: bool = True) -> tuple:
-    """(flash, None): the kernel for this shape -- the row kernel (flash False) where it
-    serves and ``rows`` allows it, else the online-softmax one over key tiles (always for a
-    symbolic ``seq``) -- or (None, why neither does)."""
-    why = ak.supported(seq, head_dim, smem_limit_kib) if isinstance(seq, int) else "symbolic"
-    if why is None and rows:
-        return False, None
+def plan(seq, head_dim: int, smem_limit_kib: int, rows: bool = True,
+         mma: bool = False) -> tuple:
+    """(kernel, None) for this shape, or (None, why no kernel serves it). ``kernel``:
+
+    - ``"rows"`` (``kernels/attention.py``): whole score rows on chip, when ``rows`` allows it
+      and its shared memory leaves room for two CTAs per SM. At S = 197 (ViT, run as 256) it
+      needs 197 KiB, one 4-warp CTA per SM, and lost to the tiled kernel on the H100 (vit_b_16
+      1.817 vs 1.655 ms, 2026-12-07); at S = 128 (113 KiB) two fit;
+    - ``"mma"`` (``kernels/mma_attention.py``): scores and output in registers, any length,
+      when ``mma`` allows it and the head dim is one it serves;
+    - ``"tiled"`` (``kernels/flash_attention.py``): wmma, any length (always for a symbolic
+      ``seq`` when ``mma`` is off)."""
+    if rows and isinstance(seq, int) and ak.supported(seq, head_dim, smem_limit_kib) is None:
+        need = ak.shared_bytes(ak.padded_seq(seq), head_dim) + 1024  # + the CTA's reserve
+        if 2 * need <= (smem_limit_kib + 1) * 1024:  # an SM has the block limit + 1 KiB
+            return "rows", None
+    if mma and mk.supported(head_dim, smem_limit_kib) is None:
+        return "mma", None
     why_flash = fk.supported(head_dim, smem_limit_kib)
-    return (True, None) if why_flash is None else (None, why_flash)
+    return ("tiled", None) if why_flash is None else (None, why_flash)
+
+
+KERNELS = {"rows": ak.attention_func, "tiled": fk.flash_attention_func,
+           "mma": mk.mma_attention_func}
 
 
 def _fits_int32(sizes, upper: dict) -> bool:
@@ -184,7 +201,8 @@ def _fits_int32(sizes, upper: dict) -> bool:
     return True
 
 
-def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bool = True):
+def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bool = True,
+          mma: bool = False):
     """(q, k, v tensors, params dict) when ``call`` ends an attention core this pass fuses,
     (None, reason) when it is one the kernel cannot serve, None when it is no attention.
     ``upper``: the upper bounds of the module's symbolic dims ({name: max})."""
@@ -220,7 +238,7 @@ def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bo
     if dtype not in ak.DTYPES or any(x.ty.dtype != dtype for x in (kt, v)) or \
             (call.ty.dtype != dtype):
         return None
-    flash, why = plan(s, d, smem_limit_kib, rows)
+    kernel, why = plan(s, d, smem_limit_kib, rows, mma)
     if why is not None:
         return None, why
     dims = (b, h, s, d)
@@ -241,16 +259,16 @@ def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bo
     scale *= ops[0][2] * ops[1][2]  # sqrt(scale) on Q and on K (HF / SDPA exports)
     params = {"dims": dims, "scale": scale, "operands": tuple(o[1] for o in ops),
               "mask": kmask, "dtype": dtype, "nan_to_zero": guarded is not None,
-              "flash": flash}
+              "kernel": kernel}
     return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
-def fuse_attention(mod, sm: int, rows: bool = True):
+def fuse_attention(mod, sm: int, rows: bool = True, mma: bool = False):
     """``mod`` with attention cores fused (module docstring); returns (module, fused count,
     {reason: count} of the attention cores left unfused)."""
 
     relax = tvm_compat.relax()
-    limit = smem_limit(sm)
+    limit = smem_limit(sm) // 1024  # KiB, as plan() takes it
     upper = {name: r.hi for name, r in module_ranges(mod).items()}
     funcs: dict = {}      # kernel parameters -> GlobalVar (one PrimFunc per distinct shape)
     made: dict = {}       # name of a fused kernel -> its params, to re-layout its output
@@ -260,11 +278,11 @@ def fuse_attention(mod, sm: int, rows: bool = True):
         b, h, s, d = params["dims"]
         # as text: symbolic sizes are PrimExprs, whose == builds an expression
         key = repr((params["dims"], params["scale"], params["operands"], params["mask"],
-                    params["dtype"], params["nan_to_zero"], params["flash"], out))
+                    params["dtype"], params["nan_to_zero"], params["kernel"], out))
         if key not in funcs:
-            make = fk.flash_attention_func if params["flash"] else ak.attention_func
-            func = make(b, h, s, d, params["scale"], *params["operands"], out, params["mask"],
-                        params["dtype"], params["nan_to_zero"])
+            func = KERNELS[params["kernel"]](
+                b, h, s, d, params["scale"], *params["operands"], out, params["mask"],
+                params["dtype"], params["nan_to_zero"])
             funcs[key] = bb.add_func(func, "amp_attention")
             made[funcs[key].name_hint] = params
         return relax.call_tir(funcs[key], relax.Tuple(list(tensors)),
@@ -279,7 +297,7 @@ def fuse_attention(mod, sm: int, rows: bool = True):
                     and inner.args[0].name_hint in made):
                 params = made[inner.args[0].name_hint]
                 return emit(bb, list(inner.args[1].fields), params, ak.bshd(*params["dims"]))
-        found = match(call, lookup, limit, upper, rows)
+        found = match(call, lookup, limit, upper, rows, mma)
         if found is None:
             return None
         tensors, params = found
@@ -295,21 +313,24 @@ def fuse_attention(mod, sm: int, rows: bool = True):
     return new, fused, declined
 
 
-def fuse_attention_pass(sm: int, stats: dict | None = None, rows: bool = True):
+def fuse_attention_pass(sm: int, stats: dict | None = None, rows: bool = True,
+                        mma: bool = False):
     """:func:`fuse_attention` as a module pass (after precision conversion, before matmul_nt
     and LegalizeOps); ``stats`` counts the fused attention cores and the unfused ones."""
     def run(mod):
-        new, fused, declined = fuse_attention(mod, sm, rows)
+        new, fused, declined = fuse_attention(mod, sm, rows, mma)
         add_counts(stats, attention_fused=fused, attention_unfused=sum(declined.values()))
         return new
 
     return module_pass(run, "AmpFuseAttention")
 
 
-@register("fused_attention", "graph", 40, switch="fused_attention", reads=("attention_rows",),
+@register("fused_attention", "graph", 40, switch="fused_attention",
+          reads=("attention_rows", "mma_attention"),
           labels={"attention_fused": "attention cores fused into one kernel",
                   "attention_unfused": "attention cores left unfused (shape, mask)"})
 def make_pass(ctx):
     if ctx.sm < 80:
         return None  # wmma + cp.async
-    return fuse_attention_pass(ctx.sm, ctx.stats, ctx.cuda.attention_rows)
+    return fuse_attention_pass(ctx.sm, ctx.stats, ctx.cuda.attention_rows,
+                               ctx.cuda.mma_attention)

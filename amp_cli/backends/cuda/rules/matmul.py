@@ -199,8 +199,8 @@ def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
     static GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
     ``small_m`` is off. ``dims``: {symbolic dim: optimum} of a dynamic module; ``ranges``:
     {symbolic dim: (lo, hi)}, over which a symbolic GEMM gets one tile variant per size band.
-    ``narrow``: GEMMs with N <= 32 take tc_gemm's narrow tiles (``tc_gemm.NARROW``); off
-    (``cuda.narrow_gemm``'s default), every side must be >= 32, as before those tiles."""
+    ``narrow``: GEMMs with N <= 32 take tc_gemm's narrow tiles (``tc_gemm.NARROW``; on by
+    default through ``cuda.narrow_gemm``); off, every side must be >= 32."""
     return _make_rule()(min_extent, own_gemm, small_m, dims, ranges, narrow)
 
 
