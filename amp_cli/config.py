@@ -100,6 +100,7 @@ class CudaConfig:
     sink_reshapes: bool = True  # flattening reshapes moved past GEMM epilogues (they fuse)
     # transposes moved down through elementwise ops until they cancel (ConvNeXt's permutes)
     sink_permutes: bool = True
+    mean_as_sum: bool = True  # fp32 means as sum * (1/n): the cast feeding them fuses in (SE blocks)
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
     fused_attention: bool = True  # softmax(Q K^T [+ mask]) V as one kernel (fp16/bf16, any S)

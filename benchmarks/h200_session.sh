@@ -8,10 +8,11 @@
 #   bash benchmarks/h200_session.sh suite [NAMES]  # issue 21: real exports vs torch.compile
 #        (nine models and their torch.compile runs do not fit one 10-minute call: run
 #        `suite cnn`, `suite transformers`, `suite rest` -- groups of the default list)
-#   bash benchmarks/h200_session.sh verify     # switches being decided (the mma.sync attention,
-#        narrow GEMM tiles): GPU tests, the attention kernels alone against torch's SDPA, then
-#        each model with the switch flipped as a variant (A/B in one run); VERIFY_MODELS picks
-#        the models
+#   bash benchmarks/h200_session.sh kernels    # GPU tests of the kernels being decided, and the
+#        attention kernels alone against torch's SDPA
+#   bash benchmarks/h200_session.sh verify     # switches being decided (mma.sync attention,
+#        mean_as_sum, narrow GEMM tiles): each model with the switch flipped as a variant beside
+#        its default build (A/B in one run); VERIFY_MODELS picks the models
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
 #   bash benchmarks/h200_session.sh corpus NAMES [NAMES...]  # issue 20: corpus rows on cuda
 #        (fp16,bf16; each NAMES group exported and run in parallel with the others)
@@ -60,28 +61,32 @@ case "$step" in
       --amp-precisions fp16,bf16 --budget-s 400 --jobs 8 --json "$OUT/gpu_suite_$tag.json" \
       "$@" 2>&1 | tee "$OUT/gpu_suite_$tag.log" | tail -60
     ;;
+  kernels)
+    # the kernels being decided, alone: GPU tests of the mma.sync attention and the narrow
+    # GEMM tiles, then the attention kernels against torch's SDPA at the suite's shapes
+    par=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
+    timeout 200 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
+      --junitxml="$OUT/kernel_tests.xml" tests/backends/cuda/test_fused_attention.py \
+      tests/backends/cuda/test_tc_gemm.py -k "mma or narrow" 2>&1 | tail -8
+    timeout 150 "$PY" benchmarks/attention_bench.py --json "$OUT/attention_bench.json" \
+      --shapes "8,12,1500,64;8,12,197,64;8,12,128,64;8,12,512,64" --number 10 --repeat 10 \
+      2>&1 | tail -14
+    ;;
   verify)
     # the switches still being decided, as variants beside each default build (A/B in one
     # run): the mma.sync attention (cuda.mma_attention) on the long-sequence and ViT models
-    # and, with the row kernel off too, on bert/gpt2; narrow_gemm (on by default since the
-    # 2026-12-07 A/B) off on the detector. GPU tests of the kernels first. VERIFY_MODELS picks
-    # the models.
-    par=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
-    timeout 150 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
-      --junitxml="$OUT/verify_tests.xml" tests/backends/cuda/test_fused_attention.py \
-      tests/backends/cuda/test_tc_gemm.py -k "mma or narrow" 2>&1 | tail -8
-    timeout 120 "$PY" benchmarks/attention_bench.py --json "$OUT/attention_bench.json" \
-      --shapes "8,12,1500,64;8,12,197,64;8,12,128,64;8,12,512,64" --number 10 --repeat 10 \
-      2>&1 | tail -14
+    # and, with the row kernel off too, on bert; mean_as_sum off on efficientnet_b0;
+    # narrow_gemm (on by default since the 2026-12-07 A/B) off on the detector.
+    # VERIFY_MODELS picks the models.
     V=benchmarks/variants
-    timeout 420 "$PY" benchmarks/gpu_suite.py --models '' \
-      --corpus "${VERIFY_MODELS:-whisper_encoder,vit_b_16,bert,gpt2,yolo_head}" \
+    timeout 580 "$PY" benchmarks/gpu_suite.py --models '' \
+      --corpus "${VERIFY_MODELS:-whisper_encoder,vit_b_16,bert,efficientnet_b0,yolo_head}" \
       --torch-modes reduce-overhead --amp-precisions fp16 --no-profile --jobs 8 \
-      --budget-s "${VERIFY_BUDGET_S:-380}" --json "$OUT/verify_suite.json" \
+      --budget-s "${VERIFY_BUDGET_S:-420}" --json "$OUT/verify_suite.json" \
       --variant "whisper_encoder.dynamo:mma=$V/mma-attention.yaml" \
       --variant "vit_b_16.dynamo:mma=$V/mma-attention.yaml" \
       --variant "bert.dynamo:mma-all=$V/mma-attention-all.yaml" \
-      --variant "gpt2.dynamo:mma-all=$V/mma-attention-all.yaml" \
+      --variant "efficientnet_b0.dynamo:no-mean-as-sum=$V/no-mean-as-sum.yaml" \
       --variant "yolo_head.dynamo:no-narrow=$V/no-narrow-gemm.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
     ;;

@@ -157,6 +157,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["cuda"] == {"cuda_graph": False, "conv_as_gemm": True,
                                         "sink_reshapes": True, "sink_permutes": True,
+                                        "mean_as_sum": True,
                                         "combine_gemms": True,
                                         "split_k": True, "implicit_gemm": True,
                                         "fused_attention": True, "attention_rows": True,
