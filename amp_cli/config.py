@@ -117,6 +117,8 @@ class CudaConfig:
     narrow_gemm: bool = True
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
+    # image stems (C < 8, overlapping windows) read their input padded to 8 channels likewise
+    pad_stem_channels: bool = True
     # depthwise/grouped convs as amp's NHWC kernel: channel vectors per thread, rows in registers
     depthwise_conv: bool = True
     # sm_90: NT GEMMs as wgmma + TMA kernels (TIRx), epilogue fused; builds compile for sm_90a

@@ -76,18 +76,19 @@ case "$step" in
     # the switches still being decided, as variants beside each default build (A/B in one
     # run): the mma.sync attention (cuda.mma_attention) on the long-sequence and ViT models
     # and, with the row kernel off too, on bert; mean_as_sum off on efficientnet_b0;
-    # narrow_gemm (on by default since the 2026-12-07 A/B) off on the detector.
+    # pad_stem_channels off on the detector and resnet50.
     # VERIFY_MODELS picks the models.
     V=benchmarks/variants
     timeout 580 "$PY" benchmarks/gpu_suite.py --models '' \
-      --corpus "${VERIFY_MODELS:-whisper_encoder,vit_b_16,bert,efficientnet_b0,yolo_head}" \
+      --corpus "${VERIFY_MODELS:-whisper_encoder,vit_b_16,bert,efficientnet_b0,yolo_head,resnet50}" \
       --torch-modes reduce-overhead --amp-precisions fp16 --no-profile --jobs 8 \
       --budget-s "${VERIFY_BUDGET_S:-420}" --json "$OUT/verify_suite.json" \
       --variant "whisper_encoder.dynamo:mma=$V/mma-attention.yaml" \
       --variant "vit_b_16.dynamo:mma=$V/mma-attention.yaml" \
       --variant "bert.dynamo:mma-all=$V/mma-attention-all.yaml" \
       --variant "efficientnet_b0.dynamo:no-mean-as-sum=$V/no-mean-as-sum.yaml" \
-      --variant "yolo_head.dynamo:no-narrow=$V/no-narrow-gemm.yaml" "$@" 2>&1 \
+      --variant "yolo_head.dynamo:no-stem-pad=$V/no-stem-pad.yaml" \
+      --variant "resnet50.dynamo:no-stem-pad=$V/no-stem-pad.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
     ;;
   dynamic)

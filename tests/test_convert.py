@@ -160,6 +160,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "mean_as_sum": True,
                                         "combine_gemms": True,
                                         "split_k": True, "implicit_gemm": True,
+                                        "pad_stem_channels": True,
                                         "fused_attention": True, "attention_rows": True,
                                         "mma_attention": False,
                                         "fused_norm_cast": True,

@@ -22,7 +22,8 @@ strided conv whose C is a multiple of 8 the GEMM reads the (zero-padded) image d
 ``A[m, k] = x[n, ho*s + i*d - p, wo*s + j*d - p, c]``, with the padding as a stage of the same
 PrimFunc; amp's tensor-core schedule inlines it into the shared-memory loads, which TVM turns into
 predicated 16-byte ``cp.async`` copies (zero fill outside the image). No im2col tensor is written
-or read. Other convs (the RGB stem, C=3) keep the explicit im2col.
+or read. An image stem (C < 8, overlapping windows: ``stem_channels``) reads its input padded
+to 8 zero-filled channels the same way; other convs keep the explicit im2col.
 
 A dynamic model's batch may be symbolic. A 1x1 stride-1 unpadded convolution could read the
 image as it is, M = N*H*W rows with M padded at run time, but that GEMM ran 30-50x slower than
@@ -165,6 +166,18 @@ def _gemm_nt(te, a, b, out_dtype, batched: bool = False):
 IMPLICIT_CHANNEL_MULTIPLE = 8
 
 
+def stem_channels(c: int, kh: int, kw: int, strides) -> bool:
+    """A conv over fewer than 8 channels (an image stem: RGB, grayscale) whose windows overlap
+    (kh*kw > sh*sw): it reads its input zero-padded to 8 channels as an implicit GEMM. Its
+    im2col tensor would be kh*kw/(sh*sw) times the image (12x for ResNet's 7x7/2 stem, 2.25x
+    for a 3x3/2 one) and its K (27, 147) too ragged for cp.async, so the GEMM over it ran on
+    dlight's rule (yolo_head's 3 -> 16 stem at 640 px: im2col 0.086 ms + GEMM 0.159 ms on the
+    H100, 2026-12-07); the 8-channel copy costs 8/C of the image's bytes, written by the
+    kernel that casts and transposes the input anyway. A patchify stem (ViT's 16x16/16,
+    ConvNeXt's 4x4/4) has no overlap: its im2col is a permutation of the image and stays."""
+    return c < IMPLICIT_CHANNEL_MULTIPLE and kh * kw > strides[0] * strides[1]
+
+
 def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw, out_dtype,
                      batched: bool = False):
     """The conv as a GEMM that reads the image directly (no im2col tensor):
@@ -198,10 +211,10 @@ def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw,
     return te.compute((n_, ho_, wo_, o), value, name="conv_gemm")
 
 
-def _rewrite_conv(bb, call, implicit: bool = False):
+def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True):
     """Emit the GEMM form of an NHWC/OHWI conv2d call; returns (the replacement expression,
     whether it is an implicit GEMM). ``implicit``: convs with C a multiple of 8 read the image
-    inside the GEMM (no im2col)."""
+    inside the GEMM (no im2col); ``pad_stems``: image stems too, padded to 8 channels."""
     tvm = tvm_compat.tvm()
     relax, te, tirx = tvm.relax, tvm.te, tvm.tirx
     a = call.attrs
@@ -216,6 +229,14 @@ def _rewrite_conv(bb, call, implicit: bool = False):
     out_dtype = str(a.out_dtype) if str(a.out_dtype) not in ("", "void") else x.ty.dtype
 
     pointwise = kh == kw == 1 and strides == [1, 1] and not any(padding)
+    if pad_stems and (implicit or not isinstance(n, int)) and stem_channels(c, kh, kw, strides):
+        # an image stem (RGB: C = 3) whose windows overlap: zero channels up to a whole
+        # cp.async vector, so the GEMM reads the image in place (the pad fuses into the
+        # producer's cast/layout kernel) instead of an im2col tensor kh*kw/(sh*sw) its size
+        extra = IMPLICIT_CHANNEL_MULTIPLE - c
+        x = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra]))
+        w = bb.emit(relax.op.nn.pad(w, [0, 0, 0, 0, 0, 0, 0, extra]))
+        c = IMPLICIT_CHANNEL_MULTIPLE
     # a symbolic batch: a batched GEMM (module docstring), a pointwise conv too where its sides
     # allow (over M = N*H*W it ran 30-50x slower than static on the H100, 2026-12-05)
     batched = not isinstance(n, int) and \
@@ -247,10 +268,12 @@ def _rewrite_conv(bb, call, implicit: bool = False):
                       primfunc_name_hint="amp_conv_gemm"), False
 
 
-def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None):
+def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None,
+                 pad_stems: bool = True):
     """Return ``mod`` with eligible conv2d calls in GEMM form (see the module docstring); a module
     without any is returned unchanged (no layout change). ``implicit``: implicit GEMM (no im2col
-    tensor) for convs whose channel count is a multiple of 8. ``stats`` counts what changed."""
+    tensor) for convs whose channel count is a multiple of 8, and with ``pad_stems`` for image
+    stems (``stem_channels``). ``stats`` counts what changed."""
     relax = tvm_compat.relax()
     if not count_gemm_convs(mod):
         return mod
@@ -261,7 +284,7 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None):
     def rewrite(bb, call, _lookup):
         if not _is_candidate(call, want_layout="NHWC"):
             return None
-        new, is_implicit = _rewrite_conv(bb, call, implicit)
+        new, is_implicit = _rewrite_conv(bb, call, implicit, pad_stems)
         implicit_count.append(is_implicit)
         return new
 
@@ -272,13 +295,16 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None):
     return new
 
 
-def conv_to_gemm_pass(implicit: bool = False, stats: dict | None = None):
+def conv_to_gemm_pass(implicit: bool = False, stats: dict | None = None,
+                      pad_stems: bool = True):
     """``conv_to_gemm`` as a module pass (run after precision conversion, before LegalizeOps)."""
-    return module_pass(lambda mod: conv_to_gemm(mod, implicit, stats), "AmpConvToGemm")
+    return module_pass(lambda mod: conv_to_gemm(mod, implicit, stats, pad_stems),
+                       "AmpConvToGemm")
 
 
-@register("conv_as_gemm", "graph", 10, switch="conv_as_gemm", reads=("implicit_gemm",),
+@register("conv_as_gemm", "graph", 10, switch="conv_as_gemm",
+          reads=("implicit_gemm", "pad_stem_channels"),
           labels={"convs_as_gemm": "convolutions as GEMMs",
                   "implicit_gemm_convs": "of them implicit GEMMs", **LAYOUT_LABELS})
 def make_pass(ctx):
-    return conv_to_gemm_pass(ctx.cuda.implicit_gemm, ctx.stats)
+    return conv_to_gemm_pass(ctx.cuda.implicit_gemm, ctx.stats, ctx.cuda.pad_stem_channels)
