@@ -104,12 +104,12 @@ class CudaConfig:
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
     fused_attention: bool = True  # softmax(Q K^T [+ mask]) V as one kernel (fp16/bf16, any S)
-    # S <= 256 on the row kernel (whole score rows on chip) where two CTAs fit an SM; false:
-    # an online-softmax kernel for every length
+    # without mma_attention: S <= 256 on the row kernel (whole score rows on chip) where two
+    # CTAs fit an SM; false: the wmma online-softmax kernel for every length
     attention_rows: bool = True
-    # the online-softmax attention as mma.sync with scores and output in registers
-    # (FlashAttention-2's structure) instead of wmma through shared memory
-    mma_attention: bool = False
+    # attention as mma.sync with scores and output in registers (FlashAttention-2's
+    # structure), every length, head dims <= 128 (docs/gpu-performance.md)
+    mma_attention: bool = True
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
     # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N (yolo_head 1.24 -> 0.94 ms

@@ -146,8 +146,8 @@ def main(argv=None) -> int:
             lib["attention"](*arrays, out)
             got = out.numpy().astype(np.float64)
             row["max_err"] = float(np.abs(got - ref).max() / np.abs(ref).max())
-            f = lib.time_evaluator("attention", dev, number=args.number, repeat=args.repeat,
-                                   min_repeat_ms=0)
+            f = lib.mod.time_evaluator("attention", dev, number=args.number, repeat=args.repeat,
+                                       min_repeat_ms=0)
             f(*arrays, out)  # warm-up
             res = f(*arrays, out)
             row["us"] = float(np.median(res.results)) * 1e6

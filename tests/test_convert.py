@@ -162,7 +162,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "split_k": True, "implicit_gemm": True,
                                         "pad_stem_channels": True,
                                         "fused_attention": True, "attention_rows": True,
-                                        "mma_attention": False,
+                                        "mma_attention": True,
                                         "fused_norm_cast": True,
                                         "small_gemm": True, "narrow_gemm": True,
                                         "unroll_injective": True,

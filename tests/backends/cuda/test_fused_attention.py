@@ -137,7 +137,7 @@ def test_masked_attention_is_fused_reading_the_mask_through_strides(mask, stride
     shape, dtype = mask if isinstance(mask[-1], str) else (mask, "float16")
     assert ak.broadcast_mask(shape, dtype, (2, 2, 64, 64)).strides == strides
     func = new[call.args[0]]
-    assert func.attrs["amp.kernel"] == "masked_attention"
+    assert func.attrs["amp.kernel"] == "masked_mma_attention"
     made = [k for k in new.functions if k.name_hint.startswith("amp_attention")]
     assert len(made) == 1
     assert len(func.params) == 5
@@ -146,8 +146,8 @@ def test_masked_attention_is_fused_reading_the_mask_through_strides(mask, stride
 def test_the_nan_guard_of_sdpa_exports_is_kept_inside_the_kernel(monkeypatch):
     """where(isnan(P), 0, P): fused, and the kernel writes 0 for a row masked everywhere."""
     made = []
-    real = ak.attention_func
-    monkeypatch.setitem(KERNELS, "rows", lambda *a: made.append(a[11]) or real(*a))
+    real = mk.mma_attention_func
+    monkeypatch.setitem(KERNELS, "mma", lambda *a: made.append(a[11]) or real(*a))
     new, fused, declined = fuse_attention(
         _attention_module(mask=(2, 1, 1, 64), nan_guard=True), 90)
     assert (fused, declined) == (1, {})
@@ -187,8 +187,8 @@ def test_split_scale_and_dynamo_keys_are_read_in_place():
 
 def test_the_kernel_scale_is_the_product_of_the_factors(monkeypatch):
     made = []
-    real = ak.attention_func
-    monkeypatch.setitem(KERNELS, "rows", lambda *a: made.append(a[4]) or real(*a))
+    real = mk.mma_attention_func
+    monkeypatch.setitem(KERNELS, "mma", lambda *a: made.append(a[4]) or real(*a))
     fuse_attention(_attention_module(scale=0.125), 90)
     fuse_attention(_attention_module(scale=0.125, split_scale=True), 90)
     root = float(np.float16(np.sqrt(0.125)))  # the fp16 constant the export holds
@@ -222,47 +222,50 @@ def test_sequences_between_blocks_are_padded_inside_the_kernel():
 
 
 def test_shared_memory_bound_and_supported_shapes():
-    # the row kernel where two CTAs fit an SM: S = 128 at D = 64 (113 KiB) on sm_90
-    assert plan(128, 64, 227) == ("rows", None) and plan(128, 128, 227) == ("tiled", None)
+    # the mma.sync kernel for every length (head dims <= 128; its buffers independent of S)
+    assert plan(128, 64, 227) == ("mma", None) and plan(1500, 128, 227) == ("mma", None)
+    assert plan(1500, 256, 227) == ("tiled", None)
+    assert mk.shared_bytes(128) // 1024 == 51 and "exceeds" in mk.supported(64, 24)
+    # without it, the row kernel where two CTAs fit an SM: S = 128 at D = 64 (113 KiB) on sm_90
+    assert plan(128, 64, 227, mma=False) == ("rows", None)
+    assert plan(128, 128, 227, mma=False) == ("tiled", None)
     # an upper bound (TVM overlaps buffers whose lifetimes do not): S = 197 runs as 256, 197
     # KiB, one CTA per SM even on sm_90: the online-softmax kernel (buffers independent of S)
     assert ak.shared_bytes(256, 64) // 1024 == 197
     assert "exceeds the GPU's 163 KiB" in ak.supported(256, 64, 163)
-    assert plan(197, 64, 227) == ("tiled", None) and plan(256, 64, 163) == ("tiled", None)
-    assert plan(64, 64, 163) == ("rows", None) and plan(128, 64, 163) == ("tiled", None)
-    assert plan(320, 64, 227) == ("tiled", None) and plan(1500, 128, 227) == ("tiled", None)
+    assert plan(197, 64, 227, mma=False) == ("tiled", None)
+    assert plan(256, 64, 163, mma=False) == ("tiled", None)
+    assert plan(64, 64, 163, mma=False) == ("rows", None)
+    assert plan(128, 64, 163, mma=False) == ("tiled", None)
+    assert plan(320, 64, 227, mma=False) == ("tiled", None)
     assert plan(128, 40, 227) == (None, "head dim 40 is not a multiple of 16")
-    assert "exceeds the GPU's 48 KiB" in plan(1500, 128, 48)[1]
+    assert "exceeds the GPU's 48 KiB" in plan(1500, 128, 48, mma=False)[1]
     # through the rewrite, the arch's limit in KiB (it was passed in bytes: S = 256 took the
     # row kernel's 197 KiB on sm_80, whose limit is 163)
-    for sm, kernel in ((80, "flash_attention"), (90, "flash_attention")):
-        new, fused, _ = fuse_attention(_attention_module(s=256), sm)
-        assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == kernel, sm
-    new, _, _ = fuse_attention(_attention_module(s=64), 80)
+    for sm in (80, 90):
+        new, fused, _ = fuse_attention(_attention_module(s=256), sm, mma=False)
+        assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "flash_attention", sm
+    new, _, _ = fuse_attention(_attention_module(s=64), 80, mma=False)
     assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "attention"
-    # cuda.attention_rows off: an online-softmax kernel for every length
-    assert plan(128, 64, 227, rows=False) == ("tiled", None)
-    new, fused, _ = fuse_attention(_attention_module(s=128), 90, rows=False)
+    # cuda.attention_rows off too: the wmma online-softmax kernel for every length
+    assert plan(128, 64, 227, rows=False, mma=False) == ("tiled", None)
+    new, fused, _ = fuse_attention(_attention_module(s=128), 90, rows=False, mma=False)
     assert fused == 1
     assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "flash_attention"
-    # cuda.mma_attention: the mma.sync kernel instead of the tiled one, D <= 128
-    assert plan(1500, 64, 227, mma=True) == ("mma", None)
-    assert plan(128, 64, 227, mma=True) == ("rows", None)
-    assert plan(128, 64, 227, rows=False, mma=True) == ("mma", None)
-    assert plan(1500, 256, 227, mma=True) == ("tiled", None)
-    new, fused, _ = fuse_attention(_attention_module(s=197), 90, mma=True)
+    new, fused, _ = fuse_attention(_attention_module(s=197), 90)
     assert fused == 1
     assert new[_kernel_call(new)[0].args[0]].attrs["amp.kernel"] == "mma_attention"
 
 
 def test_long_sequences_take_the_online_softmax_kernel():
     """S = 512 (BERT's longest), 1500 (Whisper's encoder): one fused kernel per attention core,
-    the tiled one, masked or not."""
+    an online-softmax one (mma.sync; wmma without it), masked or not."""
     for s, mask in ((512, (2, 1, 1, 512)), (1500, None)):
-        new, fused, declined = fuse_attention(_attention_module(s=s, mask=mask), 90)
-        assert (fused, declined) == (1, {}), s
-        func = new[_kernel_call(new)[0].args[0]]
-        assert func.attrs["amp.kernel"] == ("masked_" if mask else "") + "flash_attention"
+        for mma, name in ((True, "mma_attention"), (False, "flash_attention")):
+            new, fused, declined = fuse_attention(_attention_module(s=s, mask=mask), 90, mma=mma)
+            assert (fused, declined) == (1, {}), s
+            func = new[_kernel_call(new)[0].args[0]]
+            assert func.attrs["amp.kernel"] == ("masked_" if mask else "") + name
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -540,7 +543,7 @@ def _with_bounds(mod, **upper):
 
 
 @pytest.mark.parametrize("dynamo_kt", [False, True])
-def test_symbolic_batch_and_sequence_take_the_tiled_kernel(dynamo_kt):
+def test_symbolic_batch_and_sequence_take_an_online_softmax_kernel(dynamo_kt):
     """A dynamic model's attention (symbolic batch and sequence, the mask [B, 1, 1, S] fp32 as
     HF exports it, the SDPA NaN guard): one call of the online-softmax kernel over symbolic
     buffers; without upper bounds for the dims (int32 addressing unproven) it stays unfused."""
@@ -551,7 +554,7 @@ def test_symbolic_batch_and_sequence_take_the_tiled_kernel(dynamo_kt):
     assert (fused, declined) == (1, {})
     assert _ops(new) == ["relax.call_tir", "relax.reshape"]
     func = new[_kernel_call(new)[0].args[0]]
-    assert func.attrs["amp.kernel"] == "masked_flash_attention"
+    assert func.attrs["amp.kernel"] == "masked_mma_attention"
     assert "T.Buffer((batch, sequence, 4, 64)" in func.script()  # q, k, v read in place
 
     _, fused, declined = fuse_attention(mod, 90)
