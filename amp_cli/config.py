@@ -97,6 +97,8 @@ class CudaConfig:
 
     cuda_graph: bool = True  # capture the static middle of the model into one CUDA graph
     conv_as_gemm: bool = True  # fp16/bf16 convolutions as NHWC tensor-core GEMMs
+    # 1-D convolutions (speech front ends) as 2-D ones over a height of 1, so they become GEMMs
+    conv1d_as_conv2d: bool = True
     sink_reshapes: bool = True  # flattening reshapes moved past GEMM epilogues (they fuse)
     # transposes moved down through elementwise ops until they cancel (ConvNeXt's permutes)
     sink_permutes: bool = True

@@ -77,17 +77,18 @@ case "$step" in
     # the A/B still owed, as variants beside each default build (one invocation): which of
     # sink_permutes, narrow_gemm and mean_as_sum moved mobilenet_v3_large from 0.508 ms
     # (2026-12-07 morning, before them) to 0.658 ms (afternoon); pad_stem_channels on
-    # resnet50's 7x7 stem. Keep it to a few models: ten builds beside five torch compiles did
+    # resnet50's 7x7 stem; conv1d_as_conv2d on Whisper's front end. Keep it to a few models: ten builds beside five torch compiles did
     # not fit a 290 s budget. VERIFY_MODELS picks the models.
     V=benchmarks/variants
     timeout 580 "$PY" benchmarks/gpu_suite.py --models '' \
-      --corpus "${VERIFY_MODELS:-mobilenet_v3_large,resnet50}" \
+      --corpus "${VERIFY_MODELS:-mobilenet_v3_large,resnet50,whisper_encoder}" \
       --torch-modes reduce-overhead --amp-precisions fp16 --no-profile --jobs 8 \
       --budget-s "${VERIFY_BUDGET_S:-420}" --json "$OUT/verify_suite.json" \
       --variant "mobilenet_v3_large.dynamo:no-sink-permutes=$V/no-sink-permutes.yaml" \
       --variant "mobilenet_v3_large.dynamo:no-narrow=$V/no-narrow-gemm.yaml" \
       --variant "mobilenet_v3_large.dynamo:no-mean-as-sum=$V/no-mean-as-sum.yaml" \
-      --variant "resnet50.dynamo:no-stem-pad=$V/no-stem-pad.yaml" "$@" 2>&1 \
+      --variant "resnet50.dynamo:no-stem-pad=$V/no-stem-pad.yaml" \
+      --variant "whisper_encoder.dynamo:no-conv1d-gemm=$V/no-conv1d-gemm.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
     ;;
   dynamic)

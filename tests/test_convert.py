@@ -156,6 +156,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
     assert res.exit_code == 0, res.output
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["cuda"] == {"cuda_graph": False, "conv_as_gemm": True,
+                                        "conv1d_as_conv2d": True,
                                         "sink_reshapes": True, "sink_permutes": True,
                                         "mean_as_sum": True,
                                         "combine_gemms": True,

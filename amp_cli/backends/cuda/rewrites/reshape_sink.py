@@ -11,8 +11,9 @@ This pass rewrites, bottom-up in each dataflow block:
 
 - ``matmul(reshape(a, [M, K]), B)`` with a 2-D ``B``, where the reshape only merges leading
   axes of ``a`` (its last axis is K) -> ``reshape(matmul(a, B), [M, N])``;
-- an elementwise op whose tensor inputs are such reshapes of same-shaped tensors, or constants
-  and tensors of rank <= 1 (broadcast along the last axis either way) ->
+- an elementwise op whose tensor inputs are reshapes that keep the last axis (these
+  flattenings, or a 1-D conv's [N, 1, W, C] -> [N, W, C]) of same-shaped tensors, or
+  constants and tensors of rank <= 1 (broadcast along the last axis either way) ->
   ``reshape(op(sources...), shape)``;
 - ``reshape(reshape(z, S1), S2)`` -> ``reshape(z, S2)``, and to ``z`` when ``S2`` is its shape.
 
@@ -29,11 +30,17 @@ from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
 
 
 def _reshape_of(lookup, expr):
-    """``z`` when ``expr`` is a Var bound to ``reshape(z, ...)``, else None."""
+    """``z`` when ``expr`` is a Var bound to ``reshape(z, ...)`` (inside a dataflow block also
+    through plain aliases ``v = w``, which cancelled permutes leave), else None. A block's
+    output Var is not looked through: what replaces a use of it outside the block must not
+    name the block's own variables."""
     relax = tvm_compat.relax()
     if not isinstance(expr, relax.Var):
         return None
     bound = lookup(expr)
+    if isinstance(expr, relax.DataflowVar):
+        while isinstance(bound, relax.DataflowVar):
+            bound = lookup(bound)
     return bound.args[0] if op_name(bound) == "relax.reshape" else None
 
 
@@ -47,6 +54,20 @@ def _flattening(lookup, expr):
     if src_shape is None or out_shape is None or len(src_shape) < 3:
         return None
     if out_shape != [_prod(src_shape[:-1]), src_shape[-1]]:
+        return None
+    return src, out_shape
+
+
+def _leading(lookup, expr):
+    """(source, shape) when ``expr`` is bound to a reshape of ``source`` that keeps its last axis
+    and only merges or splits the ones before it (a flattening, or a 1-D conv's [N, 1, W, C]
+    -> [N, W, C]), else None: an op acting per element or per row of the last axis gives the
+    same values on either side of it."""
+    src = _reshape_of(lookup, expr)
+    if src is None:
+        return None
+    src_shape, out_shape = static_shape(src), static_shape(expr)
+    if not src_shape or not out_shape or src_shape[-1] != out_shape[-1]:
         return None
     return src, out_shape
 
@@ -110,7 +131,7 @@ def sink_reshapes(mod):
             out = bb.emit(relax.op.matmul(src, b, out_dtype=call.attrs.out_dtype))
             return relax.op.reshape(out, [shape[0], b_shape[1]])
         if name in ELEMENTWISE:
-            flats = [(a, _flattening(lookup, a)) if isinstance(getattr(a, "ty", None),
+            flats = [(a, _leading(lookup, a)) if isinstance(getattr(a, "ty", None),
                                                               relax.TensorType) else (a, None)
                      for a in call.args]
             moved = [f for _, f in flats if f is not None]
