@@ -14,6 +14,9 @@ from .precision.sensitivity import render_markdown_section
 from .target import find_nvcc
 
 REPORT_VERSION = 1
+# a kernel on the generic fallback schedule whose outputs each take this many multiply-adds is
+# named in report.md (a reduction of a few elements there -- a softmax row, a pool -- is fine)
+FALLBACK_HEAVY = 64
 
 
 def versions() -> dict:
@@ -168,6 +171,18 @@ def render_markdown(r: dict) -> str:
         lines.append("- schedule rules that raised on a kernel (the next rule scheduled it):")
         for f in b["rule_failures"]:
             lines.append(f"  - `{f['kernel']}`: {f['rule']}: {f['error']}")
+    ruled = b.get("kernel_schedules") or []
+    if ruled:
+        counts: dict = {}
+        for f in ruled:
+            counts[f["rule"]] = counts.get(f["rule"], 0) + 1
+        lines.append("- schedule rules: " + ", ".join(f"{r} {n}" for r, n in counts.items()))
+    heavy = [f for f in ruled if f["rule"] == "Fallback" and f["reduction"] >= FALLBACK_HEAVY]
+    if heavy:
+        lines.append("- compute kernels on dlight's generic fallback schedule (one thread per "
+                     "output, no tiling or tensor cores; slow when large):")
+        for f in heavy:
+            lines.append(f"  - `{f['kernel']}`: {f['reduction']} multiply-adds per output")
     sched = b.get("schedule") or {}
     if sched:
         lines.append(f"- schedules: {sched.get('tuned', 0)} tuned, {sched.get('default', 0)} "

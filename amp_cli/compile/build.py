@@ -32,6 +32,8 @@ class BuildResult:
     cuda_source_bytes: int = 0
     schedule: dict = field(default_factory=dict)  # tuned / default counts, per kernel info
     rule_failures: list[dict] = field(default_factory=list)  # CUDA schedule rules that raised
+    # CUDA: which rule scheduled each kernel, {kernel, rule, reduction (MACs per output)}
+    kernel_schedules: list[dict] = field(default_factory=list)
     graph_rewrites: dict = field(default_factory=dict)  # CUDA graph rewrites: counts per kind
     graph_rewrite_labels: dict = field(default_factory=dict)  # count key -> what it counts
     # dynamic dims with the optimum copy: {"main_optimum": [kernels], "main_dynamic": [...]}
@@ -48,9 +50,11 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
     note_step("relax pipeline")
     with tgt:
         failures: list = []
+        schedules: list = []
         rewrites: dict = {}
         lowered = relax_pipeline(target, tuning_db, cuda, rule_failures=failures,
-                                 rewrite_stats=rewrites, specialize=specialize)(mod)
+                                 rewrite_stats=rewrites, specialize=specialize,
+                                 schedules=schedules)(mod)
     lowered = tvm_compat.dedup_constants(lowered)  # weights read by two copies of main: once
     lowered = noalias_shape_functions(lowered)  # else LLVM's kernels lose restrict (dynamic.py)
     kernels = sorted(gv.name_hint for gv, f in lowered.functions.items()
@@ -78,6 +82,7 @@ def _compile(mod, target: ResolvedTarget, out_path: str, tuning_db: str | None,
         size_bytes=os.path.getsize(out_path), kernels=kernels,
         legalized=[r.to_dict() for r in records], tensor_core_kernels=tc,
         cuda_source_bytes=len(src), schedule=schedule, rule_failures=failures,
+        kernel_schedules=schedules,
         graph_rewrites=rewrites, variants=variants,
         graph_rewrite_labels={k: v for k, v in report_labels(target).items() if k in rewrites})
 

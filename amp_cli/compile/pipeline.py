@@ -26,11 +26,13 @@ from .records import apply_database_passes
 def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None,
                    cuda: CudaConfig | None = None, extra_schedule_passes=(),
                    rule_failures: list | None = None, rewrite_stats: dict | None = None,
-                   stop_before_schedule: bool = False, specialize: bool = False):
+                   stop_before_schedule: bool = False, specialize: bool = False,
+                   schedules: list | None = None):
     """The whole Relax pipeline (a Pass) amp uses for ``target``. ``cuda``: the CUDA switches
     (None: defaults). Tuning records, then ``extra_schedule_passes``, run before amp's default
     schedules; ``rule_failures`` collects the CUDA schedule rules that raised on a kernel (the
-    next rule scheduled it), ``rewrite_stats`` the counts of amp's graph rewrites.
+    next rule scheduled it), ``schedules`` which CUDA rule scheduled each kernel,
+    ``rewrite_stats`` the counts of amp's graph rewrites.
     ``stop_before_schedule``: end right before the records and schedule rules.
     A module with dynamic dims first gets its range check (``dynamic.py``) and, with
     ``specialize``, its copy at the optimum shape."""
@@ -40,7 +42,7 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None,
         backend = cuda_backend.cuda_relax_pipeline(
             compile_target(target, cuda), cuda, extra_schedule_passes=extra,
             rule_failures=rule_failures, rewrite_stats=rewrite_stats,
-            stop_before_schedule=stop_before_schedule)
+            stop_before_schedule=stop_before_schedule, schedules=schedules)
     else:
         backend = cpu_backend.cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
                                                  stop_before_schedule=stop_before_schedule)

@@ -33,7 +33,7 @@ from ...hardware import arch_sm
 from ...ir_attrs import CUDA_GRAPH, KERNEL_NAME
 from . import registry
 from .functions import replace_functions
-from .rules.fallible import fallible
+from .rules.fallible import fallible, recorded_fallback
 
 # Importing a module registers its rewrites / rules (registry.py); each states its order.
 from .kernels import hopper_gemm  # noqa: F401
@@ -78,16 +78,17 @@ def dim_ranges(mod) -> dict:
 
 def cuda_schedule_passes(target, rule_failures: list | None = None,
                          cuda: CudaConfig | None = None, dims: dict | None = None,
-                         ranges: dict | None = None) -> list:
+                         ranges: dict | None = None, schedules: list | None = None) -> list:
     """dlight's ApplyDefaultSchedule with amp's registered rules (``rules/``), each wrapped so
     that one that raises is skipped (and recorded in ``rule_failures``), then dlight's Fallback,
-    whose errors are real errors. ``dims``: :func:`optimum_sizes` of a dynamic module,
-    ``ranges``: its :func:`dim_ranges`."""
+    whose errors are real errors; ``schedules`` collects {kernel, rule, reduction} for every
+    kernel a rule scheduled. ``dims``:
+    :func:`optimum_sizes` of a dynamic module, ``ranges``: its :func:`dim_ranges`."""
     dl = tvm_compat.dlight()
     made = registry.made("rule", build_context(target, cuda, dims=dims, ranges=ranges))
-    rules = [fallible(r, rule_failures) for r in made]
-    named = [name_kernels_pass()] if rule_failures is not None else []
-    return named + [dl.ApplyDefaultSchedule(*rules, dl.gpu.Fallback())]
+    rules = [fallible(r, rule_failures, schedules) for r in made]
+    named = [name_kernels_pass()] if rule_failures is not None or schedules is not None else []
+    return named + [dl.ApplyDefaultSchedule(*rules, recorded_fallback(schedules))]
 
 
 def cuda_graph_config(enabled: bool = True) -> dict:
@@ -98,14 +99,16 @@ def cuda_graph_config(enabled: bool = True) -> dict:
 
 def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_passes=None,
                         rule_failures: list | None = None, rewrite_stats: dict | None = None,
-                        stop_before_schedule: bool = False, **switches):
+                        stop_before_schedule: bool = False, schedules: list | None = None,
+                        **switches):
     """The Relax pipeline (a module pass) amp uses for a CUDA ``target``.
 
     ``cuda``: the switches (``config.CudaConfig``; None: defaults); keyword ``switches``
     override single fields (``cuda_relax_pipeline(t, split_k=False)``). ``extra_schedule_passes``
     (tuning records) run after FuseTIR and amp's TIR rewrites, before the default rules.
     ``rewrite_stats`` receives the rewrites' counts (for the build report), ``rule_failures``
-    the schedule rules that raised (see ``rules/fallible.py``). Must run on the
+    the schedule rules that raised (see ``rules/fallible.py``), ``schedules`` which rule scheduled
+    each kernel. Must run on the
     precision-converted module (the rewrites key on fp16/bf16 operands).
     ``stop_before_schedule``: end after FuseTIR and the TIR rewrites (what tuning extracts).
     """
@@ -148,7 +151,8 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
             if not stop_before_schedule:
                 passes += (list(extra_schedule_passes or [])
                            + cuda_schedule_passes(target, rule_failures, cuda,
-                                                  optimum_sizes(mod), dim_ranges(mod))
+                                                  optimum_sizes(mod), dim_ranges(mod),
+                                                  schedules)
                            + cuda_pipe.dataflow_lower_passes(target)
                            + cuda_pipe.finalize_passes(target))
             return tvm.transform.Sequential(passes)(mod)

@@ -1,8 +1,8 @@
 """1-D convolutions as 2-D ones (backends/cuda/rewrites/conv1d.py): the values are the conv1d's
 (llvm, random inputs, through the conv-as-GEMM rewrite that follows it in the CUDA pipeline),
 and a speech front end (two convs with GELU, then the encoder's transpose) builds for
-cuda:sm_90 as two implicit tensor-core GEMMs with GELU in their epilogues and no transpose or
-conv1d kernel."""
+cuda:sm_90 as two implicit tensor-core GEMMs (amp's cp.async tile) with GELU in their
+epilogues and no transpose or conv1d kernel."""
 from __future__ import annotations
 
 import numpy as np

@@ -2,9 +2,12 @@
 
 Speech and audio encoders (Whisper's two-conv front end, wav2vec2's feature extractor and its
 positional conv, TCNs) are ``relax.nn.conv1d``. amp's conv rewrites (``conv_gemm``: tensor-core
-implicit GEMMs; ``depthwise_conv``: grouped convs) match ``conv2d`` only, so a conv1d went to
-TOPI's conv1d and dlight's fallback rule: SIMT code for what is a GEMM (Whisper's second conv is
-8 x 1500 x 768 x 768 x 3 multiply-adds at batch 8).
+implicit GEMMs; ``depthwise_conv``: grouped convs) match ``conv2d`` only, so a conv1d stayed
+TOPI's conv1d in NCW, which dlight's matmul analysis recognizes and tensorizes with its own
+wmma tile (no cp.async pipeline: the schedule amp's ``tc_gemm`` replaced for every other GEMM),
+between transpose kernels for the NCW layout (Whisper's second conv is 8 x 1500 x 768 x 768 x
+3 multiply-adds at batch 8). The build report's schedule records showed it (``AmpMatmul`` via
+dlight's ``MatmulTensorization``, not amp's tile).
 
 An fp16/bf16 ``conv1d`` (NCW data, OIW weights, static width) becomes
 

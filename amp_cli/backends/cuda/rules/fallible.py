@@ -5,7 +5,7 @@ from .... import tvm_compat
 from ....ir_attrs import KERNEL_NAME
 
 
-def fallible(rule, failures: list | None = None):
+def fallible(rule, failures: list | None = None, scheduled: list | None = None):
     """``rule`` wrapped so that an exception means "not applicable".
 
     dlight applies rules in order and stops at the first that returns a schedule, but a rule
@@ -14,7 +14,8 @@ def fallible(rule, failures: list | None = None):
     such a rule counts as not applicable and the next one gets the kernel. Rules schedule a fresh
     copy of the PrimFunc, so a failed attempt leaves nothing behind. Each failure is appended
     to ``failures`` as {rule, kernel, error} (the build report lists them), so a rule that
-    breaks is visible instead of silently handing its kernels to a slower rule."""
+    breaks is visible instead of silently handing its kernels to a slower rule. Each kernel it
+    schedules is appended to ``scheduled`` as {kernel, rule, reduction}."""
     dl = tvm_compat.dlight()
 
     class Fallible(dl.ScheduleRule):
@@ -23,7 +24,10 @@ def fallible(rule, failures: list | None = None):
 
         def apply(self, func, target, tunable):
             try:
-                return self.rule.apply(func, target, tunable)
+                sch = self.rule.apply(func, target, tunable)
+                if sch is not None and scheduled is not None:
+                    scheduled.append(_record(func, type(self.rule).__name__))
+                return sch
             except Exception as exc:  # noqa: BLE001 - any rule bug means "not this rule"
                 if failures is not None:
                     name = func.attrs.get(KERNEL_NAME, None) if func.attrs else None
@@ -38,3 +42,52 @@ def fallible(rule, failures: list | None = None):
             return f"Fallible({type(self.rule).__name__})"
 
     return Fallible()
+
+
+def reduction_extent(func) -> int:
+    """Multiply-adds per output element of ``func``'s heaviest reduction block (the product of
+    its reduction axes' extents; 0 for a kernel without one, or one whose extents are
+    symbolic)."""
+    tvm = tvm_compat.tvm()
+    try:
+        sch = tvm.s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(tvm_compat.dlight_analysis().get_root_block(sch))
+    except Exception:  # noqa: BLE001 - not block-structured: no record
+        return 0
+    best = 0
+    for blk in blocks:
+        size, reduces = 1, False
+        for iv in sch.get(blk).iter_vars:
+            if int(iv.iter_type) == 2:
+                reduces = True
+                extent = getattr(iv.dom.extent, "value", None)
+                size = size * int(extent) if extent is not None else 0
+        if reduces:
+            best = max(best, size)
+    return best
+
+
+def _record(func, rule: str) -> dict:
+    name = func.attrs.get(KERNEL_NAME, None) if func.attrs else None
+    return {"kernel": str(name) if name is not None else "?", "rule": rule,
+            "reduction": reduction_extent(func)}
+
+
+def recorded_fallback(records: list | None = None):
+    """dlight's generic ``Fallback`` rule (every output element its own thread, nothing tiled
+    or staged), appending {kernel, rule, reduction} to ``records`` for each kernel it
+    schedules, as ``fallible`` does for the other rules: the build report names the compute
+    kernels that only generic schedules took (a conv1d on one was most of Whisper's front end
+    before ``rewrites/conv1d.py``)."""
+    dl = tvm_compat.dlight()
+    if records is None:
+        return dl.gpu.Fallback()
+
+    class RecordedFallback(dl.gpu.Fallback):
+        def apply(self, func, target, tunable):
+            sch = super().apply(func, target, tunable)
+            if sch is not None:
+                records.append(_record(func, "Fallback"))
+            return sch
+
+    return RecordedFallback()
