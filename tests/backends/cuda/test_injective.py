@@ -62,9 +62,12 @@ def test_declines_small_reductions_and_non_cuda():
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_stem_im2col_in_amps_pipeline(on):
+@pytest.mark.parametrize("pad_stem", [False, True], ids=["im2col", "padded"])
+def test_stem_im2col_in_amps_pipeline(on, pad_stem):
     """A ResNet-style 7x7/2 stem on fp32 NCHW input: its fused cast + transpose + im2col kernel
-    takes the rule (cuda.unroll_injective), or dlight's Fallback with 1024 threads when off."""
+    (with ``cuda.pad_stem_channels`` off; on, the cast + transpose + pad to 8 channels that
+    feeds the implicit GEMM) takes the rule (cuda.unroll_injective), or dlight's Fallback with
+    1024 threads when off."""
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
     from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
 
@@ -80,12 +83,15 @@ def test_stem_im2col_in_amps_pipeline(on):
             out = bb.emit_output(relax.op.astype(y, "float16"))
         bb.emit_func_output(out)
     with SM90:
-        lowered = cuda_relax_pipeline(SM90, cuda_graph=False, unroll_injective=on)(bb.get())
+        lowered = cuda_relax_pipeline(SM90, cuda_graph=False, unroll_injective=on,
+                                      pad_stem_channels=pad_stem)(bb.get())
     ex = tvm_compat.compile_relax(lowered, SM90, relax_pipeline=None,
                                   tir_pipeline=cuda_tir_pipeline(SM90, []))
     src = tvm_compat.cuda_source(ex)
-    kernel = re.search(r"__launch_bounds__\((\d+)\) \w*im2col\w*_kernel", src)
+    name = r"\w*transpose\w*pad\w*" if pad_stem else r"\w*im2col\w*"
+    kernel = re.search(r"__launch_bounds__\((\d+)\) " + name + "_kernel", src)
     assert kernel is not None
+    assert ("im2col" in src) != pad_stem
     assert kernel.group(1) == (str(injective.THREADS) if on else "1024")
 
 
