@@ -31,9 +31,9 @@ from .base import add_counts, module_pass, op_name, rewrite_calls, static_shape
 
 def _reshape_of(lookup, expr):
     """``z`` when ``expr`` is a Var bound to ``reshape(z, ...)`` (inside a dataflow block also
-    through plain aliases ``v = w``, which cancelled permutes leave), else None. A block's
-    output Var is not looked through: what replaces a use of it outside the block must not
-    name the block's own variables."""
+    through plain aliases ``v = w``, which cancelled permutes leave), else None. Nothing is
+    returned that is not visible where ``expr`` is used: a block's output Var is not looked
+    through aliases, and its reshape's source must not be one of the block's own variables."""
     relax = tvm_compat.relax()
     if not isinstance(expr, relax.Var):
         return None
@@ -41,7 +41,14 @@ def _reshape_of(lookup, expr):
     if isinstance(expr, relax.DataflowVar):
         while isinstance(bound, relax.DataflowVar):
             bound = lookup(bound)
-    return bound.args[0] if op_name(bound) == "relax.reshape" else None
+    if op_name(bound) != "relax.reshape":
+        return None
+    src = bound.args[0]
+    # a block's output bound to reshape(a block-local var): that var does not exist where
+    # the output is used (an RNN's loop body outside the block; "Var lv3 is not defined")
+    if not isinstance(expr, relax.DataflowVar) and isinstance(src, relax.DataflowVar):
+        return None
+    return src
 
 
 def _flattening(lookup, expr):
