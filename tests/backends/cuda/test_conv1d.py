@@ -78,11 +78,7 @@ def test_fp32_and_channels_last_conv1d_are_left_alone():
 def test_a_speech_front_end_runs_as_two_implicit_gemms(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
-
-    import amp_cli
-    from amp_cli.config import ConvertConfig
-    from amp_cli.target import resolve_target
-    from amp_cli.tuning.tasks import fused_module
+    from fixtures.fused_kernels import called_kernels
 
     rng = np.random.default_rng(0)
     c, o, w = 80, 128, 200
@@ -100,21 +96,11 @@ def test_a_speech_front_end_runs_as_two_implicit_gemms(tmp_path):
     path = tmp_path / "front_end.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
 
-    def kernels(**cuda):
-        cfg = ConvertConfig(target="cuda:sm_90")
-        for key, value in cuda.items():
-            setattr(cfg.cuda, key, value)
-        fused = fused_module(amp_cli.load(str(path)), cfg, resolve_target("cuda:sm_90"))
-        main = fused["main"].script()
-        return [gv.name_hint for gv, f in fused.functions_items()
-                if isinstance(f, tvm_compat.prim_func_class())
-                and f"R.call_tir({gv.name_hint}," in main]
-
-    on = kernels()
+    on = called_kernels(path)
     gemms = [k for k in on if "conv_gemm_implicit" in k]
     assert len(gemms) == 2 and all("gelu" in k for k in gemms), on
     assert not any("conv1d" in k for k in on), on
     # the NCW layout's transposes cancelled: only the input's, fused with its cast
     assert [k for k in on if "transpose" in k] == ["fused_cast_transpose_reshape"], on
-    off = kernels(conv1d_as_conv2d=False)
+    off = called_kernels(path, conv1d_as_conv2d=False)
     assert sum("conv1d" in k for k in off) == 2, off

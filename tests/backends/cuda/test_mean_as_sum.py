@@ -65,11 +65,7 @@ def test_the_cast_of_a_squeeze_excitation_pool_fuses_into_its_reduction(tmp_path
     kernel; no kernel casts the whole activation to fp32 first."""
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
-
-    import amp_cli
-    from amp_cli.config import ConvertConfig
-    from amp_cli.target import resolve_target
-    from amp_cli.tuning.tasks import fused_module
+    from fixtures.fused_kernels import called_kernels
 
     rng = np.random.default_rng(0)
     c = 32
@@ -90,18 +86,7 @@ def test_the_cast_of_a_squeeze_excitation_pool_fuses_into_its_reduction(tmp_path
     path = tmp_path / "se.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
-    def kernels(**cuda):
-        cfg = ConvertConfig(target="cuda:sm_90")
-        for key, value in cuda.items():
-            setattr(cfg.cuda, key, value)
-        fused = fused_module(amp_cli.load(str(path)), cfg, resolve_target("cuda:sm_90"))
-        main = fused["main"].script()
-        return {gv.name_hint: f"R.call_tir({gv.name_hint}," in main
-                for gv, f in fused.functions_items()
-                if isinstance(f, tvm_compat.prim_func_class())}
-
-    on = [k for k, used in kernels().items() if used]
-    off = [k for k, used in kernels(mean_as_sum=False).items() if used]
+    on, off = called_kernels(path), called_kernels(path, mean_as_sum=False)
     assert any("cast" in k and k.endswith("sum") for k in on), on
     assert any("mean" in k for k in off) and not any(k.endswith("sum") for k in off), off
     # kernels that only cast: the model output's fp16 -> fp32 with the rewrite; that and the

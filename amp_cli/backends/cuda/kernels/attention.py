@@ -95,6 +95,26 @@ def index32(x):
     return x if str(x.ty) == "int32" else tvm.tirx.Cast("int32", x)
 
 
+def addresses(q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None):
+    """What the attention kernels' index arithmetic reads, through :func:`index32`: the (b, h,
+    s) strides of q, k, v and out, their offsets, and for a mask its (b, h, query, key) strides
+    and offset (None without one)."""
+    strides = tuple(tuple(index32(x) for x in o.strides) for o in (q, k, v, out))
+    offsets = tuple(index32(o.offset) for o in (q, k, v, out))
+    at = None if mask is None else (tuple(index32(x) for x in mask.strides),
+                                    index32(mask.offset))
+    return strides, offsets, at
+
+
+def smem_exceeded(need: int, smem_limit_kib: int, what: str) -> str | None:
+    """Why a kernel needing ``need`` bytes of shared memory for ``what`` (its shape) cannot run
+    on a GPU with ``smem_limit_kib`` KiB per block, or None when it can."""
+    if need > smem_limit_kib * 1024:
+        return f"{need // 1024} KiB of shared memory for {what} exceeds the GPU's " \
+               f"{smem_limit_kib} KiB"
+    return None
+
+
 def broadcast_mask(shape, dtype: str, full: tuple, scale: float = 1.0) -> Mask | None:
     """The Mask reading a contiguous ``shape`` tensor broadcast (right-aligned, numpy rules) to
     ``full`` = (B, H, S, S), or None when it does not broadcast to it. Sizes may be symbolic
@@ -132,11 +152,8 @@ def supported(seq: int, head_dim: int, smem_limit_kib: int) -> str | None:
         return f"head dim {head_dim} is not a multiple of {FRAG}"
     if padded_seq(seq) > MAX_SEQ:
         return f"sequence length {seq} is over {MAX_SEQ}"
-    need = shared_bytes(padded_seq(seq), head_dim)
-    if need > smem_limit_kib * 1024:
-        return (f"{need // 1024} KiB of shared memory for S={seq}, "
-                f"D={head_dim} exceeds the GPU's {smem_limit_kib} KiB")
-    return None
+    return smem_exceeded(shared_bytes(padded_seq(seq), head_dim), smem_limit_kib,
+                         f"S={seq}, D={head_dim}")
 
 
 def row_loader(T, head_dim: int, ld: int, dtype: str, guarded: bool):
@@ -198,12 +215,11 @@ def attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float
     q_vecs, kv_vecs, o_vecs = BLOCK_Q * D // VEC, S * D // VEC, BLOCK_Q * D // VEC
     scale = float(scale)
 
-    (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
-        q.strides, k.strides, v.strides, out.strides)
-    q_off, k_off, v_off, o_off = q.offset, k.offset, v.offset, out.offset
+    ((qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_)), \
+        (q_off, k_off, v_off, o_off), mask_at = addresses(q, k, v, out, mask)
     MASKED = mask is not None
     if MASKED:
-        (mb, mh, mq, mk), m_off = mask.strides, mask.offset
+        (mb, mh, mq, mk), m_off = mask_at
         mscale = float(mask.scale)
 
     @T.macro

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 
 from .... import tvm_compat
-from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand, index32, \
-    kernel_signature, row_loader
+from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand, addresses, \
+    index32, kernel_signature, row_loader, smem_exceeded
 
 BLOCK_K = 64  # keys per tile
 
@@ -43,10 +43,7 @@ def supported(head_dim: int, smem_limit_kib: int) -> str | None:
     sequence length), else why not."""
     if head_dim % FRAG:
         return f"head dim {head_dim} is not a multiple of {FRAG}"
-    if shared_bytes(head_dim) > smem_limit_kib * 1024:
-        return (f"{shared_bytes(head_dim) // 1024} KiB of shared memory for D={head_dim} "
-                f"exceeds the GPU's {smem_limit_kib} KiB")
-    return None
+    return smem_exceeded(shared_bytes(head_dim), smem_limit_kib, f"D={head_dim}")
 
 
 def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
@@ -74,12 +71,11 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     NEG = float("-inf")
     scale = float(scale)
 
-    (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
-        tuple(i32(x) for x in o.strides) for o in (q, k, v, out))
-    q_off, k_off, v_off, o_off = (i32(o.offset) for o in (q, k, v, out))
+    ((qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_)), \
+        (q_off, k_off, v_off, o_off), mask_at = addresses(q, k, v, out, mask)
     MASKED = mask is not None
     if MASKED:
-        (mb, mh, mq, mk), m_off = (i32(x) for x in mask.strides), i32(mask.offset)
+        (mb, mh, mq, mk), m_off = mask_at
         mscale = float(mask.scale)
 
     load_rows = row_loader(T, D, LDH, DT, True)  # Q's last block, K/V's last tile

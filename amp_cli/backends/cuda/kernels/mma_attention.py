@@ -36,8 +36,8 @@ any sequence length (symbolic too: the guards are always on then), operands thro
 from __future__ import annotations
 
 from .... import tvm_compat
-from .attention import BLOCK_Q, FRAG, PAD_H, VEC, WARPS, Mask, Operand, index32, \
-    kernel_signature, row_loader
+from .attention import BLOCK_Q, FRAG, PAD_H, VEC, WARPS, Mask, Operand, addresses, index32, \
+    kernel_signature, row_loader, smem_exceeded
 
 BLOCK_K = 64         # keys per tile
 MAX_HEAD_DIM = 128   # registers: the output accumulator is D/2 floats per lane
@@ -56,10 +56,7 @@ def supported(head_dim: int, smem_limit_kib: int) -> str | None:
         return f"head dim {head_dim} is not a multiple of {FRAG}"
     if head_dim > MAX_HEAD_DIM:
         return f"head dim {head_dim} is over {MAX_HEAD_DIM} (registers)"
-    if shared_bytes(head_dim) > smem_limit_kib * 1024:
-        return (f"{shared_bytes(head_dim) // 1024} KiB of shared memory for D={head_dim} "
-                f"exceeds the GPU's {smem_limit_kib} KiB")
-    return None
+    return smem_exceeded(shared_bytes(head_dim), smem_limit_kib, f"D={head_dim}")
 
 
 def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
@@ -91,12 +88,11 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
     NEG = float("-inf")
     sl2 = float(scale) * LOG2E        # scores in the log2 domain: exp2(s * sl2 - m)
 
-    (qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_) = (
-        tuple(i32(x) for x in o.strides) for o in (q, k, v, out))
-    q_off, k_off, v_off, o_off = (i32(o.offset) for o in (q, k, v, out))
+    ((qb, qh, qs), (kb, kh, ks), (vb, vh, vs), (ob, oh, os_)), \
+        (q_off, k_off, v_off, o_off), mask_at = addresses(q, k, v, out, mask)
     MASKED = mask is not None
     if MASKED:
-        (mb, mh, mq, mk), m_off = (i32(x) for x in mask.strides), i32(mask.offset)
+        (mb, mh, mq, mk), m_off = mask_at
         ml2 = float(mask.scale) * LOG2E
 
     load_rows = row_loader(T, D, LDH, DT, True)  # Q's last block
@@ -129,6 +125,15 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
 
     def smem(buf, rows):
         return T.tvm_access_ptr(T.type_annotation(DT), buf.data, 0, rows * LDH, 1)
+
+    @T.macro
+    def mma_pair(a, a_off, b, acc, acc_off):
+        """``acc``'s two n8 tiles from ``acc_off`` += the k16 A fragment of ``a`` at ``a_off``
+        times the two B fragments one ``ldmatrix.x4`` put in ``b`` (halves 0-3 and 4-7)."""
+        T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", a.data, a_off, b.data, 0,
+                         acc.data, acc_off, False, dtype="float32")
+        T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", a.data, a_off, b.data, 4,
+                         acc.data, acc_off + 4, False, dtype="float32")
 
     @T.macro
     def body(qf, kf, vf, of, mf):
@@ -186,12 +191,7 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
                                           smem(k_sh, BLOCK_K),
                                           (jj * 16 + tx // 16 * 8 + tx % 8) * LDH + kk * FRAG
                                           + tx // 8 % 2 * 8, dtype=DT)
-                    T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", q_frag.data,
-                                     kk * 8, kv_frag.data, 0, s_acc.data, jj * 8, False,
-                                     dtype="float32")
-                    T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", q_frag.data,
-                                     kk * 8, kv_frag.data, 4, s_acc.data, jj * 8 + 4, False,
-                                     dtype="float32")
+                    mma_pair(q_frag, kk * 8, kv_frag, s_acc, jj * 8)
             # 4. log2-domain scores (+ mask), keys past SEQ at -inf
             for x in T.unroll(KN * 4):
                 s_acc[x] = s_acc[x] * T.float32(sl2)
@@ -232,12 +232,7 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
                                           smem(v_sh, BLOCK_K),
                                           (kc * FRAG + tx // 8 % 2 * 8 + tx % 8) * LDH
                                           + nn * 16 + tx // 16 * 8, dtype=DT)
-                    T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", p_frag.data,
-                                     kc * 8, kv_frag.data, 0, o_acc.data, nn * 8, False,
-                                     dtype="float32")
-                    T.ptx_legacy.mma("m16n8k16", "row", "col", ptx, ptx, "fp32", p_frag.data,
-                                     kc * 8, kv_frag.data, 4, o_acc.data, nn * 8 + 4, False,
-                                     dtype="float32")
+                    mma_pair(p_frag, kc * 8, kv_frag, o_acc, nn * 8)
         # 6. the quad's partial sums, o / l staged in Q's shared block, 16-byte stores
         for r in T.unroll(2):
             run[2 + r] = T.cuda.warp_sum(run[2 + r], 4)
