@@ -103,6 +103,9 @@ class CudaConfig:
     # transposes moved down through elementwise ops until they cancel (ConvNeXt's permutes)
     sink_permutes: bool = True
     mean_as_sum: bool = True  # fp32 means as sum * (1/n): the cast feeding them fuses in (SE blocks)
+    # a GEMM kernel whose fused epilogue would broadcast its result to a larger tensor (an SE
+    # gate's multiply) is split in two, so the GEMM keeps its tensor-core schedule
+    split_expanding_epilogues: bool = True
     combine_gemms: bool = True  # parallel matmuls on one input (Q/K/V) as one wider GEMM
     split_k: bool = True  # long-K GEMMs too small to fill the GPU: K-split partials + a sum
     fused_attention: bool = True  # softmax(Q K^T [+ mask]) V as one kernel (fp16/bf16, any S)

@@ -38,7 +38,7 @@ from .rules.fallible import fallible, recorded_fallback
 # Importing a module registers its rewrites / rules (registry.py); each states its order.
 from .kernels import hopper_gemm  # noqa: F401
 from .rewrites import (cast_hoist, combine_gemm, conv1d, conv_gemm, depthwise_conv,  # noqa: F401
-                       fused_attention, matmul_nt, mean_as_sum, norm_cast, permute_sink,
+                       epilogue_split, fused_attention, matmul_nt, mean_as_sum, norm_cast, permute_sink,
                        reshape_sink)
 from .rules import depthwise, dlight_rules, injective, matmul  # noqa: F401
 
@@ -145,8 +145,9 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
                       + registry.made("graph", ctx)
                       + [relax.transform.CanonicalizeBindings(),
                          relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                         relax.transform.FoldConstant(), relax.transform.FuseOps(),
-                         relax.transform.FuseTIR()]
+                         relax.transform.FoldConstant(), relax.transform.FuseOps()]
+                      + registry.made("fused", ctx)
+                      + [relax.transform.FuseTIR()]
                       + registry.made("tir", ctx))
             if not stop_before_schedule:
                 passes += (list(extra_schedule_passes or [])

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-STAGES = ("graph", "tir", "rule")  # Relax before LegalizeOps | PrimFuncs after FuseTIR | dlight
+STAGES = ("graph", "fused", "tir", "rule")
+# Relax before LegalizeOps | Relax after FuseOps, before FuseTIR | PrimFuncs after FuseTIR | dlight
 
 
 @dataclass(frozen=True)
