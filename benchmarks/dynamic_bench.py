@@ -70,6 +70,9 @@ def parse_args(argv):
                     help="skip the dynamic build without the optimum copy (one build less)")
     ap.add_argument("--jobs", type=int, default=None,
                     help="parallel builds [default: cores // 4, at least 1]")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only build and compare build times (no GPU needed: --target "
+                         "cuda:sm_90 generates the CUDA code on the CPU)")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", default=None)
@@ -219,6 +222,25 @@ def time_builds(args, builds, models, device) -> list[dict]:
     return rows
 
 
+def build_table(builds) -> list[str]:
+    """Build seconds per library (amp's own build time and the child process' wall time) and
+    each dynamic build against the mean of the model's static builds (issue 22: <= 2x)."""
+    lines = [f"{'model':8} {'build':24} {'amp s':>7} {'wall s':>7} {'vs static':>9}"]
+    for model in dict.fromkeys(b["model"] for b in builds):
+        mine = [b for b in builds if b["model"] == model]
+        secs = {b["kind"]: (b["report"].get("build") or {}).get("seconds") for b in mine}
+        static = [v for k, v in secs.items() if k.startswith("static") and v]
+        base = sum(static) / len(static) if static else None
+        for b in mine:
+            v = secs[b["kind"]]
+            ratio = f"{v / base:.2f}x" if v and base and not b["kind"].startswith("static") \
+                else ""
+            lines.append(f"{model:8} {b['kind']:24} {v or float('nan'):7.1f} "
+                         f"{b['wall_s']:7.1f} {ratio:>9}"
+                         + (f"  {b['report']['error']}" if "error" in b["report"] else ""))
+    return lines
+
+
 def summarize(rows, builds) -> list[str]:
     lines = [f"{'model':6} {'batch':>5} {'static ms':>10} {'dynamic ms':>11} {'ratio':>6} "
              f"{'symbolic ms':>12} {'ratio':>6}  rel L2 (static / dynamic)"]
@@ -257,7 +279,7 @@ def main(argv=None) -> int:
 
     target = resolve_target(args.target, check_toolchain=False)
     device = "cuda" if target.is_cuda else "cpu"
-    if device == "cuda" and not tvm_compat.has_cuda_device():
+    if device == "cuda" and not args.build_only and not tvm_compat.has_cuda_device():
         print("no GPU here: run with --target llvm (e.g. --tiny) for a CPU smoke test",
               file=sys.stderr)
         return 2
@@ -301,8 +323,8 @@ def main(argv=None) -> int:
 
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(run, builds))
-    rows = time_builds(args, builds, models, device)
-    lines = summarize(rows, builds)
+    rows = [] if args.build_only else time_builds(args, builds, models, device)
+    lines = build_table(builds) if args.build_only else summarize(rows, builds)
     print("\n".join(lines))
     out = Path(args.json) if args.json else \
         Path(os.environ.get("OUT") or ".") / "dynamic_bench.json"

@@ -159,6 +159,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "conv1d_as_conv2d": True,
                                         "sink_reshapes": True, "sink_permutes": True,
                                         "mean_as_sum": True,
+                                        "split_expanding_epilogues": True,
                                         "combine_gemms": True,
                                         "split_k": True, "implicit_gemm": True,
                                         "pad_stem_channels": True,

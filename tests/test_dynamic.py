@@ -11,6 +11,7 @@ below, CNN <= 1e-3 / 1e-3).
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import onnx
@@ -251,11 +252,13 @@ def test_cuda_codegen(bert_onnx):
 
 @pytest.mark.parametrize("ranges,per_shape", [
     (["1..4(2)", "8..48(16)"], True),        # 164 shapes: symbolic regions captured per shape
-    (["1..32(2)", "8..480(16)"], False)])    # 15104 shapes: static regions only
+    (["1..32(2)", "8..480(16)"], False)])    # 15104 shapes: on main_dynamic_graphs' grid only
 def test_cuda_graphs_capture_per_shape_only_for_few_shapes(bert_onnx, ranges, per_shape):
     """With CUDA graphs on (the default) a dynamic build captures main_optimum's kernels; it
     captures main_dynamic's symbolic regions too (TVM keeps one graph per shape seen) only when
-    the ranges hold at most MAX_CAPTURED_SHAPES shapes (docs/dynamic-shapes.md)."""
+    the ranges hold at most MAX_CAPTURED_SHAPES shapes (docs/dynamic-shapes.md); wider ranges
+    capture them in main_dynamic_graphs, the copy main runs for the shapes of the capture grid
+    (at most MAX_CAPTURED_SHAPES of them), with the same kernels."""
     from amp_cli.compile.build import compile_target
     from amp_cli.compile.dynamic import MAX_CAPTURED_SHAPES, shape_count
     from amp_cli.compile.pipeline import relax_pipeline
@@ -274,8 +277,64 @@ def test_cuda_graphs_capture_per_shape_only_for_few_shapes(bert_onnx, ranges, pe
                 if isinstance(f, relax.Function) and "cuda_graph_capture" in gv.name_hint}
     assert any(n.startswith("main_optimum_cuda_graph_capture") for n in captures)
     symbolic = {n for n, f in captures.items() if list(relax.analysis.defined_symbolic_vars(f))}
-    assert all(n.startswith("main_dynamic") for n in symbolic)
-    assert bool(symbolic) == per_shape, sorted(captures)
+    assert symbolic, sorted(captures)
+    prefix = "main_dynamic_cuda_graph" if per_shape else "main_dynamic_graphs_cuda_graph"
+    assert all(n.startswith(prefix) for n in symbolic), sorted(symbolic)
+    functions = {gv.name_hint for gv in low.get_global_vars()}
+    assert ("main_dynamic_graphs" in functions) != per_shape
+    if not per_shape:  # the copy calls the kernels main_dynamic calls: nothing compiled twice
+        from amp_cli.compile.dynamic import kernels_by_function
+        copies = tuple(n for n in functions if n.startswith("main_dynamic_graphs"))
+        used = kernels_by_function(low, ("main_dynamic",) + copies)
+        def device(names):  # the VM's host shape functions are each function's own
+            return {k for k in names if not k.startswith(("shape_func", "compute_symbolic"))}
+
+        assert device(k for n in copies for k in used[n]) == device(used["main_dynamic"])
+
+
+def test_capture_grid_bounds_the_graphs_and_keeps_common_sizes():
+    from amp_cli.compile.dynamic import MAX_CAPTURED_SHAPES, capture_grid
+    from amp_cli.config import DimRange
+
+    def grid_shapes(ranges, steps):
+        return math.prod(r.hi // steps[n] - (r.lo - 1) // steps[n] for n, r in ranges.items())
+
+    bert = {"batch": DimRange(1, 32, 8), "sequence": DimRange(16, 512, 128)}
+    assert capture_grid(bert) == {"batch": 1, "sequence": 16}  # every batch; seq % 16 == 0
+    assert capture_grid({"batch": DimRange(1, 32, 8)}) is None  # 32 shapes: all captured
+    for ranges in (bert, {"b": DimRange(1, 4096)}, {"b": DimRange(3, 1000), "s": DimRange(7, 999),
+                                                      "h": DimRange(1, 5)}):
+        steps = capture_grid(ranges)
+        assert steps is not None and all(s & (s - 1) == 0 for s in steps.values())
+        assert 0 < grid_shapes(ranges, steps) <= MAX_CAPTURED_SHAPES
+        # one step less on any dim would not fit: the grid is as fine as the bound allows
+        # (or that dim is already every size)
+        for n, s in steps.items():
+            if s > 1:
+                assert grid_shapes(ranges, {**steps, n: s // 2}) > MAX_CAPTURED_SHAPES
+
+
+def test_three_way_dispatch_keeps_the_values_on_llvm(bert_onnx):
+    """main -> main_optimum (the optimum shape), main_dynamic_graphs (shapes on the capture
+    grid), main_dynamic (the rest): the guarded module built for llvm (where the capture is
+    not applied, so the dispatch alone is checked) matches ONNX Runtime fp32 at shapes of each
+    kind, against the same model without the grid copy."""
+    from amp_cli.compile.dynamic import capture_grid, guard_dynamic
+
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..32(2)", "8..480(16)"]})
+    assert capture_grid(model.dynamic) == {"batch": 1, "sequence": 16}
+    guarded = guard_dynamic(model.mod, specialize=True, graphs=True)
+    assert "main_dynamic_graphs" in {gv.name_hint for gv in guarded.get_global_vars()}
+    tvm = tvm_compat.tvm()
+    vm = tvm_compat.relax_vm(tvm.compile(guarded, target="llvm"), tvm.cpu())
+    # (2, 16): the optimum; (3, 32) and (1, 16): on the grid; (3, 29), (2, 17): off it
+    for k, (batch, seq) in enumerate([(2, 16), (3, 32), (3, 29), (1, 16), (2, 17)]):
+        feeds = random_inputs(model.inputs_at({"batch": batch, "sequence": seq}), seed=k)
+        ref = model.reference(feeds)[0]
+        got = vm["main"](*[tvm_compat.to_tvm_tensor(feeds[s.name], tvm.cpu())
+                           for s in model.inputs]).numpy()
+        assert got.shape == ref.shape
+        assert metrics(ref, got)["rel_l2"] < 1e-5, (batch, seq)  # fp32 module: same maths
 
 
 @pytest.mark.gpu
@@ -292,6 +351,31 @@ def test_bert_on_gpu_at_every_shape_with_graphs_per_shape(bert_onnx, tmp_path):
     dev = tvm_compat.cuda_device()
     vm = tvm_compat.relax_vm(tvm_compat.load_module(str(tmp_path / "out" / "model.so")), dev)
     for k, (batch, seq) in enumerate(BERT_SHAPES + BERT_SHAPES[::-1]):
+        feeds = random_inputs(model.inputs_at({"batch": batch, "sequence": seq}), seed=k)
+        ref = model.reference(feeds)[0]
+        got = vm["main"](*[tvm_compat.to_tvm_tensor(feeds[s.name], dev)
+                           for s in model.inputs]).numpy()
+        m = metrics(ref, got)
+        assert got.shape == (batch, seq, 64)
+        assert m["rel_l2"] <= REL_L2 and m["max_abs"] <= MAX_ABS, (batch, seq, m)
+
+
+@pytest.mark.gpu
+def test_bert_on_gpu_with_graphs_on_the_capture_grid(bert_onnx, tmp_path):
+    """Ranges too wide to capture every shape (batch 1..32 x sequence 8..480): shapes on the
+    capture grid (sequence % 16 == 0) replay main_dynamic_graphs' per-shape graphs, the others
+    launch main_dynamic's kernels; each shape twice, in two orders (a graph of one shape must
+    never be replayed for another), within the tolerances of ONNX Runtime fp32."""
+    if not tvm_compat.has_cuda_device():
+        pytest.skip("no CUDA device")
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..32(2)", "8..480(16)"]})
+    conv = amp_cli.convert(model, ConvertConfig(target="cuda"), isolate=False)
+    conv.save(tmp_path / "out")
+    conv.cleanup()
+    dev = tvm_compat.cuda_device()
+    vm = tvm_compat.relax_vm(tvm_compat.load_module(str(tmp_path / "out" / "model.so")), dev)
+    shapes = [(1, 16), (3, 32), (32, 480), (3, 29), (2, 16), (7, 48), (1, 8), (5, 100)]
+    for k, (batch, seq) in enumerate(shapes + shapes[::-1]):
         feeds = random_inputs(model.inputs_at({"batch": batch, "sequence": seq}), seed=k)
         ref = model.reference(feeds)[0]
         got = vm["main"](*[tvm_compat.to_tvm_tensor(feeds[s.name], dev)

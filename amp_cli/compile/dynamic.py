@@ -12,6 +12,7 @@ own shape matching, with a ValueError.
 from __future__ import annotations
 
 import json
+import math
 
 from .. import tvm_compat
 from ..dims import describe_ranges, module_ranges
@@ -20,6 +21,8 @@ from ..ir_attrs import (CAPTURE_SYMBOLIC_VARS, DIM_OPTIMUM, INPUT_RANGES_FUNCTIO
 
 DYNAMIC_FUNCTION = "main_dynamic"  # the model for every shape in the ranges (symbolic kernels)
 OPTIMUM_FUNCTION = "main_optimum"  # the model at the optimum shape (static kernels)
+# main_dynamic again, captured as CUDA graphs per shape, for the shapes on the capture grid
+GRAPHS_FUNCTION = "main_dynamic_graphs"
 # CUDA graphs of the symbolic function are captured once per distinct shape (TVM's cache keeps
 # every one), so only when the ranges hold at most this many shapes (docs/dynamic-shapes.md)
 MAX_CAPTURED_SHAPES = 1024
@@ -43,6 +46,35 @@ def capture_per_shape(func, ranges: dict):
     return func.with_attr(CAPTURE_SYMBOLIC_VARS, list(ranges))
 
 
+def capture_grid(ranges: dict, limit: int = MAX_CAPTURED_SHAPES) -> dict[str, int] | None:
+    """For ranges holding more than ``limit`` shapes: {dim: step}, the shapes whose every dim
+    is a multiple of its step (a power of two) being at most ``limit`` -- the shapes a
+    ``main_dynamic_graphs`` copy captures as CUDA graphs, one per shape seen, so TVM's cache
+    (which never evicts) stays bounded. Steps double on the dim with the most sizes left
+    until the grid fits: BERT's batch 1..32 x sequence 16..512 keeps every batch and the
+    sequences that are multiples of 16 (what tokenizers pad to), 1,024 shapes. None when the
+    ranges fit ``limit`` as they are (every shape is captured) or no grid of them does.
+
+    >>> from amp_cli.config import DimRange
+    >>> capture_grid({"batch": DimRange(1, 32, 8), "sequence": DimRange(16, 512, 128)})
+    {'batch': 1, 'sequence': 16}
+    >>> capture_grid({"batch": DimRange(1, 32, 8)}) is None
+    True
+    """
+    def sizes(r, step):
+        return r.hi // step - (r.lo - 1) // step
+
+    if shape_count(ranges) <= limit:
+        return None
+    steps = {name: 1 for name in ranges}
+    while math.prod(sizes(ranges[n], s) for n, s in steps.items()) > limit:
+        name = max(steps, key=lambda n: sizes(ranges[n], steps[n]))
+        if sizes(ranges[name], steps[name]) <= 1:
+            return None
+        steps[name] *= 2
+    return steps
+
+
 def range_message(ranges: dict) -> str:
     """The AssertionError text: the sizes given ({} placeholders, filled by the VM) and every
     allowed range."""
@@ -57,14 +89,17 @@ def ranges_json(ranges: dict) -> str:
                        for name, r in ranges.items()})
 
 
-def guard_dynamic(mod, specialize: bool = False):
+def guard_dynamic(mod, specialize: bool = False, graphs: bool = False):
     """``mod`` with main's range check and ``amp_input_ranges()``, and with ``specialize`` the
-    dispatch to a static copy at the optimum; a static module as it is."""
+    dispatch to a static copy at the optimum; a static module as it is. ``graphs`` (a CUDA
+    build with CUDA graphs on): ranges too wide to capture every shape get the
+    ``main_dynamic_graphs`` copy for the shapes of their :func:`capture_grid`."""
     ranges = module_ranges(mod)
     if not ranges:
         return mod
     if specialize:
-        mod = specialize_optimum(mod, {n: r.optimum for n, r in ranges.items()})
+        grid = capture_grid(ranges) if graphs else None
+        mod = specialize_optimum(mod, {n: r.optimum for n, r in ranges.items()}, grid)
         mod = mod.clone()
         gv = mod.get_global_var(DYNAMIC_FUNCTION)
         mod[gv] = capture_per_shape(mod[gv], ranges)
@@ -83,11 +118,15 @@ def guard_dynamic(mod, specialize: bool = False):
     return new
 
 
-def specialize_optimum(mod, sizes: dict[str, int]):
+def specialize_optimum(mod, sizes: dict[str, int], grid: dict[str, int] | None = None):
     """``mod`` whose main runs ``main_optimum`` (main with each dynamic dim bound to
     ``sizes``: static shapes, so every static-shape rewrite and kernel applies) when the input
     has exactly that shape, else ``main_dynamic`` (main as it was). Both read the same
-    weights (the build's constant dedup keeps one copy of what the passes leave equal)."""
+    weights (the build's constant dedup keeps one copy of what the passes leave equal).
+    ``grid`` ({dim: step}, :func:`capture_grid`): inputs whose dims are multiples of their
+    steps run ``main_dynamic_graphs`` instead, main_dynamic again but with its symbolic
+    regions captured as CUDA graphs per shape (the same kernels: the build's dedup keeps one
+    copy of each)."""
     relax = tvm_compat.relax()
     tvm = tvm_compat.tvm()
     main_gv = mod.get_global_var("main")
@@ -111,6 +150,20 @@ def specialize_optimum(mod, sizes: dict[str, int]):
     dyn_out = relax.Var("out_dynamic", main.ret_ty)
     other = relax.SeqExpr([relax.BindingBlock(
         [relax.VarBinding(dyn_out, relax.Call(dyn_gv, params))])], dyn_out)
+    if grid:
+        graphs = tvm_compat.private_function(tvm_compat.with_fresh_constants(
+            tvm_compat.copy_with_new_vars(main))).with_attr(CAPTURE_SYMBOLIC_VARS, list(grid))
+        graphs_gv = bb.add_func(graphs, GRAPHS_FUNCTION)
+        on_grid = relax.prim_value(tvm.tirx.all(*[
+            tvm.tirx.floormod(dims[n], step) == 0 for n, step in grid.items() if step > 1]
+            or [tvm.tirx.const(True)]))
+        grid_out = relax.Var("out_graphs", main.ret_ty)
+        on = relax.SeqExpr([relax.BindingBlock(
+            [relax.VarBinding(grid_out, relax.Call(graphs_gv, params))])], grid_out)
+        off_grid = other
+        other_out = relax.Var("out_symbolic", main.ret_ty)
+        other = relax.SeqExpr([relax.BindingBlock(
+            [relax.VarBinding(other_out, relax.If(on_grid, on, off_grid))])], other_out)
     fbb = relax.BlockBuilder()
     with fbb.function("main", params, attrs=dict(main.attrs), pure=main.is_pure):
         out = fbb.emit(relax.If(at_optimum, then, other))
@@ -134,15 +187,16 @@ def at_optimum(mod):
     return new
 
 
-def kernels_by_function(mod) -> dict:
-    """{``main_optimum`` / ``main_dynamic``: the kernels (PrimFunc names) each calls} for a
-    lowered module with the optimum copy (the report's per-variant kernels); {} otherwise."""
+def kernels_by_function(mod, functions=(OPTIMUM_FUNCTION, DYNAMIC_FUNCTION)) -> dict:
+    """{``main_optimum`` / ``main_dynamic`` (or each of ``functions``): the kernels (PrimFunc
+    names) each calls} for a lowered module with the optimum copy (the report's per-variant
+    kernels); {} otherwise."""
     relax = tvm_compat.relax()
     prim = tvm_compat.prim_func_class()
     names = {gv.name_hint for gv, f in mod.functions_items() if isinstance(f, prim)}
     out = {}
     for gv, func in mod.functions_items():
-        if gv.name_hint not in (OPTIMUM_FUNCTION, DYNAMIC_FUNCTION):
+        if gv.name_hint not in functions:
             continue
         used: set = set()
 
@@ -177,12 +231,12 @@ def noalias_shape_functions(mod):
     return new
 
 
-def guard_pass(specialize: bool = False):
+def guard_pass(specialize: bool = False, graphs: bool = False):
     """:func:`guard_dynamic` as a module pass (the first of amp's Relax pipelines)."""
     tvm = tvm_compat.tvm()
 
     @tvm.transform.module_pass(opt_level=0, name="AmpDynamicGuard")
     def _pass(mod, _ctx):
-        return guard_dynamic(mod, specialize)
+        return guard_dynamic(mod, specialize, graphs)
 
     return _pass

@@ -46,7 +46,8 @@ def relax_pipeline(target: ResolvedTarget, tuning_db: str | None = None,
     else:
         backend = cpu_backend.cpu_relax_pipeline(target.tvm_target(), extra_schedule_passes=extra,
                                                  stop_before_schedule=stop_before_schedule)
-    return tvm_compat.tvm().transform.Sequential([guard_pass(specialize), backend])
+    graphs = target.is_cuda and (cuda or CudaConfig()).cuda_graph
+    return tvm_compat.tvm().transform.Sequential([guard_pass(specialize, graphs), backend])
 
 
 def fused_module(mod, target: ResolvedTarget, cuda: CudaConfig | None = None):

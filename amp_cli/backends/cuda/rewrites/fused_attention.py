@@ -299,8 +299,12 @@ def fuse_attention(mod, sm: int, rows: bool = True, mma: bool = True):
             inner = _bound(src, lookup)
             if (inner is not None and op_name(inner) == "relax.call_tir"
                     and inner.args[0].name_hint in made):
-                params = made[inner.args[0].name_hint]
-                return emit(bb, list(inner.args[1].fields), params, ak.bshd(*params["dims"]))
+                # the sizes as this function names them: the kernel may have been made for
+                # another function of the module (main_optimum / main_dynamic copies), whose
+                # symbolic dims are other variables of the same names
+                dims = tuple(shape_of(src))
+                params = dict(made[inner.args[0].name_hint], dims=dims)
+                return emit(bb, list(inner.args[1].fields), params, ak.bshd(*dims))
         found = match(call, lookup, limit, upper, rows, mma)
         if found is None:
             return None
