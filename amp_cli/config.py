@@ -115,6 +115,9 @@ class CudaConfig:
     # attention as mma.sync with scores and output in registers (FlashAttention-2's
     # structure), every length, head dims <= 128 (docs/gpu-performance.md)
     mma_attention: bool = True
+    # the mma kernel with 32 query rows a warp (FlashAttention-2's tiling: half the
+    # shared-memory reads per mma), head dims <= 64; opt-in until timed on a GPU
+    mma_attention_wide: bool = False
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
     # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N (yolo_head 1.24 -> 0.94 ms

@@ -1,6 +1,7 @@
 """amp's attention kernels alone: the row kernel (``kernels/attention.py``, S <= 256) against the
 tiled online-softmax kernel (``kernels/flash_attention.py``, wmma) at several key-tile widths,
-the mma.sync one (``kernels/mma_attention.py``, scores in registers), and torch's
+the mma.sync one (``kernels/mma_attention.py``, scores in registers; 16 and 32 query rows a
+warp), and torch's
 ``scaled_dot_product_attention`` (fp16, flash / cuDNN backends) on the same shapes.
 
 Shapes are the corpus transformers' at batch 8 (bert/gpt2 128 tokens, ViT 197, Whisper's encoder
@@ -48,8 +49,8 @@ def parse_args(argv):
 
 
 def kernel(kind: str, block_k: int, b, h, s, d):
-    """The PrimFunc of ``kind`` ("rows", "tiled" or "mma") for [B, S, H, D] Q/K/V/out, or why
-    not."""
+    """The PrimFunc of ``kind`` ("rows", "tiled", "mma" or "mma_wide": 32 query rows a warp)
+    for [B, S, H, D] Q/K/V/out, or why not."""
     from amp_cli.backends.cuda.kernels import attention as ak
     from amp_cli.backends.cuda.kernels import flash_attention as fk
     from amp_cli.backends.cuda.kernels import mma_attention as mk
@@ -59,9 +60,10 @@ def kernel(kind: str, block_k: int, b, h, s, d):
     if kind == "rows":
         why = ak.supported(s, d, 227)
         return why if why else ak.attention_func(*args)
-    if kind == "mma":
-        why = mk.supported(d, 227)
-        return why if why else mk.mma_attention_func(*args)
+    if kind in ("mma", "mma_wide"):
+        tiles = 2 if kind == "mma_wide" else 1
+        why = mk.supported(d, 227, row_tiles=tiles)
+        return why if why else mk.mma_attention_func(*args, row_tiles=tiles)
     old = fk.BLOCK_K
     fk.BLOCK_K = block_k  # the kernel reads the module constant when it is built
     try:
@@ -119,7 +121,8 @@ def main(argv=None) -> int:
     rows, t0 = [], time.perf_counter()
     for b, h, s, d in shapes:
         flops = 4.0 * b * h * s * s * d
-        variants = [("rows", 64)] + [("tiled", bk) for bk in BLOCK_KS] + [("mma", 64)]
+        variants = ([("rows", 64)] + [("tiled", bk) for bk in BLOCK_KS]
+                    + [("mma", 64), ("mma_wide", 64)])
         rng = np.random.default_rng(s)
         q, k, v = (rng.standard_normal((b, s, h, d)).astype("float16") for _ in range(3))
         ref = None if args.dry_run else reference(q, k, v, 1 / np.sqrt(d))

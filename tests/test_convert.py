@@ -165,6 +165,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "pad_stem_channels": True,
                                         "fused_attention": True, "attention_rows": True,
                                         "mma_attention": True,
+                                        "mma_attention_wide": False,
                                         "fused_norm_cast": True,
                                         "small_gemm": True, "narrow_gemm": True,
                                         "unroll_injective": True,

@@ -318,7 +318,7 @@ def test_three_way_dispatch_keeps_the_values_on_llvm(bert_onnx):
     """main -> main_optimum (the optimum shape), main_dynamic_graphs (shapes on the capture
     grid), main_dynamic (the rest): the guarded module built for llvm (where the capture is
     not applied, so the dispatch alone is checked) matches ONNX Runtime fp32 at shapes of each
-    kind, against the same model without the grid copy."""
+    kind (an fp32 module: the same maths as the reference, up to summation order)."""
     from amp_cli.compile.dynamic import capture_grid, guard_dynamic
 
     model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..32(2)", "8..480(16)"]})
@@ -337,44 +337,18 @@ def test_three_way_dispatch_keeps_the_values_on_llvm(bert_onnx):
         assert metrics(ref, got)["rel_l2"] < 1e-5, (batch, seq)  # fp32 module: same maths
 
 
-@pytest.mark.gpu
-def test_bert_on_gpu_at_every_shape_with_graphs_per_shape(bert_onnx, tmp_path):
-    """dynamic_bert converted for the local GPU runs every shape of BERT_SHAPES twice, in two
-    orders (a CUDA graph captured for one shape must not be replayed for another), within the
-    module's tolerances of ONNX Runtime fp32."""
+def _bert_on_gpu_twice(bert_onnx, tmp_path, ranges, shapes):
+    """dynamic_bert with ``ranges`` converted for the local GPU, run at every shape of
+    ``shapes`` twice, in two orders (a CUDA graph captured for one shape must never be
+    replayed for another), within the module's tolerances of ONNX Runtime fp32."""
     if not tvm_compat.has_cuda_device():
         pytest.skip("no CUDA device")
-    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..4(2)", "8..48(16)"]})
+    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ranges})
     conv = amp_cli.convert(model, ConvertConfig(target="cuda"), isolate=False)
     conv.save(tmp_path / "out")
     conv.cleanup()
     dev = tvm_compat.cuda_device()
     vm = tvm_compat.relax_vm(tvm_compat.load_module(str(tmp_path / "out" / "model.so")), dev)
-    for k, (batch, seq) in enumerate(BERT_SHAPES + BERT_SHAPES[::-1]):
-        feeds = random_inputs(model.inputs_at({"batch": batch, "sequence": seq}), seed=k)
-        ref = model.reference(feeds)[0]
-        got = vm["main"](*[tvm_compat.to_tvm_tensor(feeds[s.name], dev)
-                           for s in model.inputs]).numpy()
-        m = metrics(ref, got)
-        assert got.shape == (batch, seq, 64)
-        assert m["rel_l2"] <= REL_L2 and m["max_abs"] <= MAX_ABS, (batch, seq, m)
-
-
-@pytest.mark.gpu
-def test_bert_on_gpu_with_graphs_on_the_capture_grid(bert_onnx, tmp_path):
-    """Ranges too wide to capture every shape (batch 1..32 x sequence 8..480): shapes on the
-    capture grid (sequence % 16 == 0) replay main_dynamic_graphs' per-shape graphs, the others
-    launch main_dynamic's kernels; each shape twice, in two orders (a graph of one shape must
-    never be replayed for another), within the tolerances of ONNX Runtime fp32."""
-    if not tvm_compat.has_cuda_device():
-        pytest.skip("no CUDA device")
-    model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ["1..32(2)", "8..480(16)"]})
-    conv = amp_cli.convert(model, ConvertConfig(target="cuda"), isolate=False)
-    conv.save(tmp_path / "out")
-    conv.cleanup()
-    dev = tvm_compat.cuda_device()
-    vm = tvm_compat.relax_vm(tvm_compat.load_module(str(tmp_path / "out" / "model.so")), dev)
-    shapes = [(1, 16), (3, 32), (32, 480), (3, 29), (2, 16), (7, 48), (1, 8), (5, 100)]
     for k, (batch, seq) in enumerate(shapes + shapes[::-1]):
         feeds = random_inputs(model.inputs_at({"batch": batch, "sequence": seq}), seed=k)
         ref = model.reference(feeds)[0]
@@ -383,6 +357,21 @@ def test_bert_on_gpu_with_graphs_on_the_capture_grid(bert_onnx, tmp_path):
         m = metrics(ref, got)
         assert got.shape == (batch, seq, 64)
         assert m["rel_l2"] <= REL_L2 and m["max_abs"] <= MAX_ABS, (batch, seq, m)
+
+
+@pytest.mark.gpu
+def test_bert_on_gpu_at_every_shape_with_graphs_per_shape(bert_onnx, tmp_path):
+    """Ranges of 164 shapes: every shape's symbolic regions captured (main_dynamic)."""
+    _bert_on_gpu_twice(bert_onnx, tmp_path, ["1..4(2)", "8..48(16)"], BERT_SHAPES)
+
+
+@pytest.mark.gpu
+def test_bert_on_gpu_with_graphs_on_the_capture_grid(bert_onnx, tmp_path):
+    """Ranges too wide to capture every shape (batch 1..32 x sequence 8..480): shapes on the
+    capture grid (sequence % 16 == 0) replay main_dynamic_graphs' per-shape graphs, the others
+    launch main_dynamic's kernels."""
+    _bert_on_gpu_twice(bert_onnx, tmp_path, ["1..32(2)", "8..480(16)"],
+                       [(1, 16), (3, 32), (32, 480), (3, 29), (2, 16), (7, 48), (1, 8), (5, 100)])
 
 
 def test_symbolic_graph_rewrites_keep_the_values(bert_onnx, monkeypatch):

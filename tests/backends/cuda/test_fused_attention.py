@@ -4,6 +4,8 @@ code for sm_80/sm_90 with the softmax free of barriers (CI, nvcc), and its value
 float64 reference on the GPU (gpu-marked) for several shapes and operand layouts."""
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -224,6 +226,9 @@ def test_sequences_between_blocks_are_padded_inside_the_kernel():
 def test_shared_memory_bound_and_supported_shapes():
     # the mma.sync kernel for every length (head dims <= 128; its buffers independent of S)
     assert plan(128, 64, 227) == ("mma", None) and plan(1500, 128, 227) == ("mma", None)
+    # opt-in: 32 rows a warp where the head dim leaves the registers for it
+    assert plan(1500, 64, 227, wide=True) == ("mma_wide", None)
+    assert plan(1500, 128, 227, wide=True) == ("mma", None)
     assert plan(1500, 256, 227) == ("tiled", None)
     assert mk.shared_bytes(128) // 1024 == 51 and "exceeds" in mk.supported(64, 24)
     # without it, the row kernel where two CTAs fit an SM: S = 128 at D = 64 (113 KiB) on sm_90
@@ -308,6 +313,8 @@ def _skip_unserved(kernel: str, s: int, d: int):
         pytest.skip("longer than the row kernel serves")
     if kernel == "mma" and mk.supported(d, 227) is not None:
         pytest.skip(mk.supported(d, 227))
+    if kernel == "mma_wide" and mk.supported(d, 227, row_tiles=2) is not None:
+        pytest.skip(mk.supported(d, 227, row_tiles=2))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -342,6 +349,44 @@ def test_mma_kernel_keeps_scores_in_registers(arch, masked, dtype, s, d, monkeyp
         assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
 
 
+@pytest.mark.parametrize("masked,dtype,s,d", [(False, "float16", 1500, 64),
+                                              (True, "bfloat16", 300, 64),
+                                              (False, "float16", 512, 32)])
+def test_wide_mma_kernel_reads_each_fragment_for_two_row_tiles(masked, dtype, s, d, tmp_path):
+    """row_tiles=2 (32 query rows a warp): twice the mma.sync of the 16-row kernel for the
+    same ldmatrix count (each K / V fragment feeds both row tiles), twice the mask reads, and
+    sm_90 code without spills (nvcc's ptxas report)."""
+    import subprocess
+
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+
+    b, h = 2, 4
+    mask = ak.broadcast_mask((b, 1, 1, s), "float32", (b, h, s, s)) if masked else None
+    opnd = ak.bshd(b, h, s, d)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    srcs = []
+    for tiles in (1, 2):
+        func = mk.mma_attention_func(b, h, s, d, 0.125, opnd, opnd, opnd, opnd, mask, dtype,
+                                     row_tiles=tiles)
+        mod = tvm.IRModule({"attention": func.with_attr("global_symbol", "attention")})
+        lib = tvm.compile(mod, target=target, tir_pipeline=cuda_tir_pipeline(target))
+        srcs.append(lib.mod.imports[0].inspect_source())
+    one, two = srcs
+    assert two.count("mma.sync.aligned") == 2 * one.count("mma.sync.aligned")
+    loops = [src[src.index("for (int t = 0;"):] for src in srcs]  # the key-tile loop
+    assert loops[1].count("ldmatrix") == loops[0].count("ldmatrix")
+    assert two.count("mf_ptr[") == 2 * one.count("mf_ptr[")
+    assert mk.supported(128, 227, row_tiles=2) is not None  # D > 64: the 16-row kernel
+    if shutil.which("nvcc"):
+        cu = tmp_path / "wide.cu"
+        cu.write_text(two)
+        out = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                              str(cu.with_suffix(".cubin")), str(cu)],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "0 bytes spill stores" in out.stderr, out.stderr[-2000:]
+
+
 def _reference(q, k, v, scale, mask=None):
     """float64 softmax(q k^T * scale [+ mask]) v over [B, H, S, D] arrays."""
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
@@ -359,7 +404,7 @@ def _reference(q, k, v, scale, mask=None):
                                             (2, 4, 128, 32, "bhsd"), (2, 12, 197, 64, "bshd"),
                                             (3, 2, 50, 32, "bhsd"), (2, 4, 1500, 64, "bshd"),
                                             (1, 2, 520, 128, "bhsd")])
-@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma"])
+@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma", "mma_wide"])
 def test_kernel_matches_float64_on_gpu(b, h, s, d, layout, kernel):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
@@ -407,7 +452,7 @@ def _mask_values(kind, b, h, s, dtype, rng):
 @pytest.mark.parametrize("b,h,s,d", [(2, 3, 128, 64), (2, 2, 64, 32), (2, 2, 77, 64),
                                      (2, 2, 333, 64)])
 @pytest.mark.parametrize("io", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma"])
+@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma", "mma_wide"])
 def test_masked_kernel_matches_float64_on_gpu(kind, dtype, b, h, s, d, io, kernel):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
@@ -502,7 +547,7 @@ def test_torch_sdpa_export_is_fused(causal, precision, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("nan_to_zero", [False, True])
-@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma"])
+@pytest.mark.parametrize("kernel", ["rows", "tiled", "mma", "mma_wide"])
 def test_rows_masked_everywhere_on_gpu(nan_to_zero, kernel):
     """Batch 1's keys all -inf: softmax's NaN for its rows, or 0 with the SDPA guard; batch 0
     unaffected; S = 77 exercises the padded block too."""
@@ -574,7 +619,7 @@ def _symbolic_kernel(dtype="float16", kernel="tiled"):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("kernel", ["tiled", "mma"])
+@pytest.mark.parametrize("kernel", ["tiled", "mma", "mma_wide"])
 def test_symbolic_kernel_compiles(arch, kernel, monkeypatch):
     from amp_cli.backends.cuda.tir import cuda_tir_pipeline
 
@@ -585,8 +630,10 @@ def test_symbolic_kernel_compiles(arch, kernel, monkeypatch):
     src = lib.mod.imports[0].inspect_source()
     if kernel == "tiled":
         assert src.count("wmma::mma_sync") == 2 and src.count("mf_ptr[") == 32
-    else:  # a 16 x 64 score tile per warp: 32 scores per lane, each with its mask element
-        assert src.count("mma.sync.aligned.m16n8k16") == 64 and src.count("mf_ptr[") == 32
+    else:  # a 16 x 64 score tile per row tile: 32 scores per lane, each with its mask element
+        tiles = 2 if kernel == "mma_wide" else 1
+        assert src.count("mma.sync.aligned.m16n8k16") == 64 * tiles
+        assert src.count("mf_ptr[") == 32 * tiles
     for mode in ("nvrtc", "nvcc"):
         assert len(compile_like_tvm(src, mode, arch, monkeypatch)) > 1000
 
@@ -594,7 +641,7 @@ def test_symbolic_kernel_compiles(arch, kernel, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("io", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["tiled", "mma"])
+@pytest.mark.parametrize("kernel", ["tiled", "mma", "mma_wide"])
 def test_symbolic_kernel_matches_float64_at_every_shape_on_gpu(io, kernel):
     """One compiled symbolic kernel run at several (batch, sequence), partial tiles and a
     padding mask included, each against float64."""

@@ -41,30 +41,44 @@ from .attention import BLOCK_Q, FRAG, PAD_H, VEC, WARPS, Mask, Operand, addresse
 
 BLOCK_K = 64         # keys per tile
 MAX_HEAD_DIM = 128   # registers: the output accumulator is D/2 floats per lane
+# two 16-row tiles per warp (``row_tiles=2``): scores and output twice over in registers,
+# so only for head dims up to this
+MAX_WIDE_HEAD_DIM = 64
 LOG2E = 1.4426950408889634
 
 
-def shared_bytes(head_dim: int) -> int:
+def shared_bytes(head_dim: int, row_tiles: int = 1) -> int:
     """Shared memory one CTA needs: Q's block and one K and one V tile (fp16/bf16, padded rows
     so ``ldmatrix``'s eight row addresses fall in distinct banks)."""
-    return 2 * (BLOCK_Q + 2 * BLOCK_K) * (head_dim + PAD_H)
+    return 2 * (BLOCK_Q * row_tiles + 2 * BLOCK_K) * (head_dim + PAD_H)
 
 
-def supported(head_dim: int, smem_limit_kib: int) -> str | None:
+def supported(head_dim: int, smem_limit_kib: int, row_tiles: int = 1) -> str | None:
     """None when this kernel handles the head dim (any sequence length), else why not."""
     if head_dim % FRAG:
         return f"head dim {head_dim} is not a multiple of {FRAG}"
-    if head_dim > MAX_HEAD_DIM:
-        return f"head dim {head_dim} is over {MAX_HEAD_DIM} (registers)"
-    return smem_exceeded(shared_bytes(head_dim), smem_limit_kib, f"D={head_dim}")
+    limit = MAX_HEAD_DIM if row_tiles == 1 else MAX_WIDE_HEAD_DIM
+    if head_dim > limit:
+        return f"head dim {head_dim} is over {limit} (registers, {16 * row_tiles} rows a warp)"
+    return smem_exceeded(shared_bytes(head_dim, row_tiles), smem_limit_kib, f"D={head_dim}")
 
 
 def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
                        q: Operand, k: Operand, v: Operand, out: Operand,
                        mask: Mask | None = None, dtype: str = "float16",
-                       nan_to_zero: bool = False):
+                       nan_to_zero: bool = False, row_tiles: int = 1):
     """The PrimFunc ``(q, k, v[, mask], out)`` with ``attention.attention_func``'s contract, for
-    any sequence length (module docstring)."""
+    any sequence length (module docstring).
+
+    ``row_tiles=2``: 32 query rows a warp, 128 a CTA (FlashAttention-2's tiling): each K and
+    V fragment ``ldmatrix`` reads from shared memory feeds two row tiles' ``mma.sync``, half
+    the shared-memory traffic per multiply-add of the 16-row kernel, whose ``ldmatrix`` bytes
+    per tile (16 KiB a warp) rival its math. The registers that takes leave none for the next
+    tile's prefetch: K and V go global -> shared at the start of each tile instead, behind the
+    other CTAs on the SM (D <= 64)."""
+    MT = row_tiles
+    BQ = BLOCK_Q * MT                 # query rows per CTA
+    WROWS = FRAG * MT                 # query rows per warp
     tvm_compat.tvm()
     T = tvm_compat.tvmscript_tir()
     DT = dtype
@@ -72,7 +86,7 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
 
     i32 = index32
     B, H, SEQ, D = i32(batch), heads, i32(seq), head_dim
-    NQB = (SEQ + BLOCK_Q - 1) // BLOCK_Q   # query blocks
+    NQB = (SEQ + BQ - 1) // BQ        # query blocks
     NT = (SEQ + BLOCK_K - 1) // BLOCK_K    # key tiles
     # the last tile / query block has rows past SEQ (always possible for a symbolic SEQ)
     PARTIAL = not isinstance(SEQ, int) or SEQ % BLOCK_K != 0
@@ -84,7 +98,8 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
     THREADS = WARPS * 32
     ROW_VECS = D // VEC               # 16-byte vectors per row
     KV_PER = BLOCK_K * ROW_VECS // THREADS  # vectors per thread per K (or V) tile
-    Q_VECS = BLOCK_Q * ROW_VECS
+    Q_VECS = BQ * ROW_VECS
+    TILE_VECS = BLOCK_K * ROW_VECS
     NEG = float("-inf")
     sl2 = float(scale) * LOG2E        # scores in the log2 domain: exp2(s * sl2 - m)
 
@@ -140,50 +155,64 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
         bx = T.launch_thread("blockIdx.x", B * H * NQB)
         ty = T.launch_thread("threadIdx.y", WARPS)
         tx = T.launch_thread("threadIdx.x", 32)
-        q_sh = T.decl_buffer((BLOCK_Q * LDH,), DT, scope="shared.dyn")
+        q_sh = T.decl_buffer((BQ * LDH,), DT, scope="shared.dyn")
         k_sh = T.decl_buffer((BLOCK_K * LDH,), DT, scope="shared.dyn")
         v_sh = T.decl_buffer((BLOCK_K * LDH,), DT, scope="shared.dyn")
-        q_frag = T.decl_buffer((DK * 8,), DT, scope="local")
+        # per row tile m of the warp: its Q fragments, scores, probabilities, output
+        q_frag = T.decl_buffer((MT * DK * 8,), DT, scope="local")
         kv_frag = T.decl_buffer((8,), DT, scope="local")
-        p_frag = T.decl_buffer((KN * 4,), DT, scope="local")
-        s_acc = T.decl_buffer((KN * 4,), "float32", scope="local")
-        o_acc = T.decl_buffer((DN * 4,), "float32", scope="local")
+        p_frag = T.decl_buffer((MT * KN * 4,), DT, scope="local")
+        s_acc = T.decl_buffer((MT * KN * 4,), "float32", scope="local")
+        o_acc = T.decl_buffer((MT * DN * 4,), "float32", scope="local")
         k_reg = T.decl_buffer((KV_PER * VEC,), DT, scope="local")
         v_reg = T.decl_buffer((KV_PER * VEC,), DT, scope="local")
-        # per row half (lane rows l/4 and l/4 + 8): running max, partial sum, tile max, alpha
-        run = T.decl_buffer((8,), "float32", scope="local")
+        # per row tile, per row half (lane rows l/4 and l/4 + 8): running max, partial sum,
+        # tile max, alpha
+        run = T.decl_buffer((MT * 8,), "float32", scope="local")
         b = bx // (H * NQB)
         h = bx // NQB % H
-        q0 = bx % NQB * BLOCK_Q
+        q0 = bx % NQB * BQ
         tid = ty * 32 + tx
         # 1. Q once (global -> shared -> A fragments); the first K/V tile into registers
         load_rows(q_sh, qf, q_off + b * qb + h * qh + q0 * qs, qs, Q_VECS, tid, SEQ - q0)
-        fetch(k_reg, kf, k_off + b * kb + h * kh, ks, tid, SEQ)
-        fetch(v_reg, vf, v_off + b * vb + h * vh, vs, tid, SEQ)
+        if MT == 1:
+            fetch(k_reg, kf, k_off + b * kb + h * kh, ks, tid, SEQ)
+            fetch(v_reg, vf, v_off + b * vb + h * vh, vs, tid, SEQ)
         T.tvm_storage_sync("shared")
-        for kk in T.unroll(DK):
-            T.ptx_legacy.ldmatrix(False, 4, ".b16", q_frag.data, kk * 8, smem(q_sh, BLOCK_Q),
-                                  (ty * FRAG + tx % 16) * LDH + kk * FRAG + tx // 16 * 8,
-                                  dtype=DT)
-        for r in T.unroll(2):
-            run[r] = T.float32(NEG)
-            run[2 + r] = T.float32(0)
-        for x in T.unroll(DN * 4):
+        for m in T.unroll(MT):
+            for kk in T.unroll(DK):
+                T.ptx_legacy.ldmatrix(False, 4, ".b16", q_frag.data, (m * DK + kk) * 8,
+                                      smem(q_sh, BQ),
+                                      (ty * WROWS + m * FRAG + tx % 16) * LDH + kk * FRAG
+                                      + tx // 16 * 8, dtype=DT)
+        for r in T.unroll(MT * 2):
+            run[r // 2 * 8 + r % 2] = T.float32(NEG)
+            run[r // 2 * 8 + 2 + r % 2] = T.float32(0)
+        for x in T.unroll(MT * DN * 4):
             o_acc[x] = T.float32(0)
         for t in T.serial(NT):
-            # 2. tile t registers -> shared (after every warp is done with tile t - 1), then
-            # tile t + 1's loads in flight during this tile's math
+            # 2. tile t into shared memory (after every warp is done with tile t - 1): from
+            # the registers it was prefetched into, then tile t + 1's loads in flight during
+            # this tile's math; with two row tiles, straight from global memory
             T.tvm_storage_sync("shared")
-            stash(k_sh, k_reg, tid)
-            stash(v_sh, v_reg, tid)
+            if MT == 1:
+                stash(k_sh, k_reg, tid)
+                stash(v_sh, v_reg, tid)
+            else:
+                load_rows(k_sh, kf, k_off + b * kb + h * kh + t * BLOCK_K * ks, ks, TILE_VECS,
+                          tid, SEQ - t * BLOCK_K)
+                load_rows(v_sh, vf, v_off + b * vb + h * vh + t * BLOCK_K * vs, vs, TILE_VECS,
+                          tid, SEQ - t * BLOCK_K)
             T.tvm_storage_sync("shared")
-            if t + 1 < NT:
-                fetch(k_reg, kf, k_off + b * kb + h * kh + (t + 1) * BLOCK_K * ks, ks, tid,
-                      SEQ - (t + 1) * BLOCK_K)
-                fetch(v_reg, vf, v_off + b * vb + h * vh + (t + 1) * BLOCK_K * vs, vs, tid,
-                      SEQ - (t + 1) * BLOCK_K)
-            # 3. S = Q K^T, 16 x 64 per warp: two n8 tiles per ldmatrix.x4 of K
-            for x in T.unroll(KN * 4):
+            if MT == 1:
+                if t + 1 < NT:
+                    fetch(k_reg, kf, k_off + b * kb + h * kh + (t + 1) * BLOCK_K * ks, ks, tid,
+                          SEQ - (t + 1) * BLOCK_K)
+                    fetch(v_reg, vf, v_off + b * vb + h * vh + (t + 1) * BLOCK_K * vs, vs, tid,
+                          SEQ - (t + 1) * BLOCK_K)
+            # 3. S = Q K^T, 16 x 64 per row tile: two n8 tiles per ldmatrix.x4 of K, each
+            # fragment used by every row tile of the warp
+            for x in T.unroll(MT * KN * 4):
                 s_acc[x] = T.float32(0)
             for jj in T.unroll(KN // 2):
                 for kk in T.unroll(DK):
@@ -191,61 +220,79 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
                                           smem(k_sh, BLOCK_K),
                                           (jj * 16 + tx // 16 * 8 + tx % 8) * LDH + kk * FRAG
                                           + tx // 8 % 2 * 8, dtype=DT)
-                    mma_pair(q_frag, kk * 8, kv_frag, s_acc, jj * 8)
+                    for m in T.unroll(MT):
+                        mma_pair(q_frag, (m * DK + kk) * 8, kv_frag, s_acc,
+                                 m * KN * 4 + jj * 8)
             # 4. log2-domain scores (+ mask), keys past SEQ at -inf
-            for x in T.unroll(KN * 4):
-                s_acc[x] = s_acc[x] * T.float32(sl2)
-                if MASKED:
-                    s_acc[x] = s_acc[x] + T.if_then_else(
-                        q0 + ty * FRAG + tx // 4 + x % 4 // 2 * 8 < SEQ, T.if_then_else(
+            for m in T.unroll(MT):
+                for x in T.unroll(KN * 4):
+                    s_acc[m * KN * 4 + x] = s_acc[m * KN * 4 + x] * T.float32(sl2)
+                    if MASKED:
+                        s_acc[m * KN * 4 + x] = s_acc[m * KN * 4 + x] + T.if_then_else(
+                            q0 + ty * WROWS + m * FRAG + tx // 4 + x % 4 // 2 * 8 < SEQ,
+                            T.if_then_else(
+                                t * BLOCK_K + x // 4 * 8 + tx % 4 * 2 + x % 2 < SEQ,
+                                T.Cast("float32", mf[
+                                    m_off + b * mb + h * mh
+                                    + (q0 + ty * WROWS + m * FRAG + tx // 4 + x % 4 // 2 * 8) * mq
+                                    + (t * BLOCK_K + x // 4 * 8 + tx % 4 * 2 + x % 2) * mk])
+                                * T.float32(ml2), T.float32(0)), T.float32(0))
+                    if PARTIAL:
+                        s_acc[m * KN * 4 + x] = T.if_then_else(
                             t * BLOCK_K + x // 4 * 8 + tx % 4 * 2 + x % 2 < SEQ,
-                            T.Cast("float32", mf[
-                                m_off + b * mb + h * mh
-                                + (q0 + ty * FRAG + tx // 4 + x % 4 // 2 * 8) * mq
-                                + (t * BLOCK_K + x // 4 * 8 + tx % 4 * 2 + x % 2) * mk])
-                            * T.float32(ml2), T.float32(0)), T.float32(0))
-                if PARTIAL:
-                    s_acc[x] = T.if_then_else(t * BLOCK_K + x // 4 * 8 + tx % 4 * 2 + x % 2
-                                              < SEQ, s_acc[x], T.float32(NEG))
-            for r in T.unroll(2):
-                run[4 + r] = T.float32(NEG)
-            for x in T.unroll(KN * 4):
-                run[4 + x % 4 // 2] = T.max(run[4 + x % 4 // 2], s_acc[x])
-            for r in T.unroll(2):
-                run[4 + r] = T.max(run[r], T.cuda.warp_max(run[4 + r], 4))
-                # exponents against a finite max: a row all -inf so far keeps p = 0, alpha = 0
-                run[6 + r] = T.exp2(run[r] - T.if_then_else(run[4 + r] == T.float32(NEG),
-                                                             T.float32(0), run[4 + r]))
-                run[r] = run[4 + r]
-                run[2 + r] = run[2 + r] * run[6 + r]
-            for x in T.unroll(KN * 4):
-                s_acc[x] = T.exp2(s_acc[x] - T.if_then_else(
-                    run[x % 4 // 2] == T.float32(NEG), T.float32(0), run[x % 4 // 2]))
-                run[2 + x % 4 // 2] = run[2 + x % 4 // 2] + s_acc[x]
-                p_frag[x] = T.Cast(DT, s_acc[x])
-            for x in T.unroll(DN * 4):
-                o_acc[x] = o_acc[x] * run[6 + x % 4 // 2]
-            # 5. O += P V: the score registers are P's A fragments; V via ldmatrix.trans
+                            s_acc[m * KN * 4 + x], T.float32(NEG))
+            for m in T.unroll(MT):
+                for r in T.unroll(2):
+                    run[m * 8 + 4 + r] = T.float32(NEG)
+                for x in T.unroll(KN * 4):
+                    run[m * 8 + 4 + x % 4 // 2] = T.max(run[m * 8 + 4 + x % 4 // 2],
+                                                        s_acc[m * KN * 4 + x])
+                for r in T.unroll(2):
+                    run[m * 8 + 4 + r] = T.max(run[m * 8 + r],
+                                               T.cuda.warp_max(run[m * 8 + 4 + r], 4))
+                    # exponents against a finite max: a row all -inf so far keeps p = 0,
+                    # alpha = 0
+                    run[m * 8 + 6 + r] = T.exp2(run[m * 8 + r] - T.if_then_else(
+                        run[m * 8 + 4 + r] == T.float32(NEG), T.float32(0),
+                        run[m * 8 + 4 + r]))
+                    run[m * 8 + r] = run[m * 8 + 4 + r]
+                    run[m * 8 + 2 + r] = run[m * 8 + 2 + r] * run[m * 8 + 6 + r]
+                for x in T.unroll(KN * 4):
+                    s_acc[m * KN * 4 + x] = T.exp2(s_acc[m * KN * 4 + x] - T.if_then_else(
+                        run[m * 8 + x % 4 // 2] == T.float32(NEG), T.float32(0),
+                        run[m * 8 + x % 4 // 2]))
+                    run[m * 8 + 2 + x % 4 // 2] = (run[m * 8 + 2 + x % 4 // 2]
+                                                   + s_acc[m * KN * 4 + x])
+                    p_frag[m * KN * 4 + x] = T.Cast(DT, s_acc[m * KN * 4 + x])
+                for x in T.unroll(DN * 4):
+                    o_acc[m * DN * 4 + x] = o_acc[m * DN * 4 + x] * run[m * 8 + 6 + x % 4 // 2]
+            # 5. O += P V: the score registers are P's A fragments; V via ldmatrix.trans,
+            # each fragment used by every row tile of the warp
             for kc in T.unroll(KC):
                 for nn in T.unroll(DN // 2):
                     T.ptx_legacy.ldmatrix(True, 4, ".b16", kv_frag.data, 0,
                                           smem(v_sh, BLOCK_K),
                                           (kc * FRAG + tx // 8 % 2 * 8 + tx % 8) * LDH
                                           + nn * 16 + tx // 16 * 8, dtype=DT)
-                    mma_pair(p_frag, kc * 8, kv_frag, o_acc, nn * 8)
+                    for m in T.unroll(MT):
+                        mma_pair(p_frag, m * KN * 4 + kc * 8, kv_frag, o_acc,
+                                 m * DN * 4 + nn * 8)
         # 6. the quad's partial sums, o / l staged in Q's shared block, 16-byte stores
-        for r in T.unroll(2):
-            run[2 + r] = T.cuda.warp_sum(run[2 + r], 4)
+        for r in T.unroll(MT * 2):
+            run[r // 2 * 8 + 2 + r % 2] = T.cuda.warp_sum(run[r // 2 * 8 + 2 + r % 2], 4)
         T.tvm_storage_sync("shared")
-        for x in T.unroll(DN * 4):
-            if nan_to_zero:
-                q_sh[(ty * FRAG + tx // 4 + x % 4 // 2 * 8) * LDH + x // 4 * 8 + tx % 4 * 2
-                     + x % 2] = T.Cast(DT, T.if_then_else(
-                         T.isnan(o_acc[x] / run[2 + x % 4 // 2]), T.float32(0),
-                         o_acc[x] / run[2 + x % 4 // 2]))
-            else:
-                q_sh[(ty * FRAG + tx // 4 + x % 4 // 2 * 8) * LDH + x // 4 * 8 + tx % 4 * 2
-                     + x % 2] = T.Cast(DT, o_acc[x] / run[2 + x % 4 // 2])
+        for m in T.unroll(MT):
+            for x in T.unroll(DN * 4):
+                if nan_to_zero:
+                    q_sh[(ty * WROWS + m * FRAG + tx // 4 + x % 4 // 2 * 8) * LDH + x // 4 * 8
+                         + tx % 4 * 2 + x % 2] = T.Cast(DT, T.if_then_else(
+                             T.isnan(o_acc[m * DN * 4 + x] / run[m * 8 + 2 + x % 4 // 2]),
+                             T.float32(0),
+                             o_acc[m * DN * 4 + x] / run[m * 8 + 2 + x % 4 // 2]))
+                else:
+                    q_sh[(ty * WROWS + m * FRAG + tx // 4 + x % 4 // 2 * 8) * LDH + x // 4 * 8
+                         + tx % 4 * 2 + x % 2] = T.Cast(
+                             DT, o_acc[m * DN * 4 + x] / run[m * 8 + 2 + x % 4 // 2])
         T.tvm_storage_sync("shared")
         for it in T.serial((Q_VECS + THREADS - 1) // THREADS):
             if it * THREADS + tid < Q_VECS:

@@ -29,7 +29,7 @@ import math
 from .... import tvm_compat
 from ....ir_attrs import OP_PATTERN
 from ..registry import register
-from .base import add_counts, module_pass
+from .base import add_counts, module_pass, rewrite_calls
 
 OUT_EWISE_FUSABLE = 4  # tvm::relay::OpPatternKind::kOutEWiseFusable
 
@@ -191,10 +191,10 @@ def split_expanding_epilogues(mod):
         tail_params = list(dict.fromkeys(v for v in tail_reads if v in set(func.params)))
         attrs = {k: v for k, v in func.attrs.items() if k != "global_symbol"}
         if gv not in made:
-            tail_out = [v for v in _vars_in(func.body.body)]
+            result = _vars_in(func.body.body)  # the function's output var, or a tuple's
             made[gv] = (_function(bb, fresh(head), attrs, head_params, head, exports),
                         _function(bb, fresh(tail), attrs, tail_params + exports, tail,
-                                  tail_out if len(tail_out) > 1 else [func.body.body]))
+                                  result if len(result) > 1 else [func.body.body]))
         head_gv, tail_gv = made[gv]
         actual = dict(zip(func.params, call.args))
         out = bb.emit(relax.Call(head_gv, [actual[p] for p in head_params]))
@@ -202,8 +202,7 @@ def split_expanding_epilogues(mod):
                [bb.emit(relax.TupleGetItem(out, i)) for i in range(len(exports))])
         return relax.Call(tail_gv, [actual[p] for p in tail_params] + got)
 
-    from .base import rewrite_calls
-    new, count = rewrite_calls(mod, rewrite)
+    new, _ = rewrite_calls(mod, rewrite)
     keep = {gv: f for gv, f in new.functions_items() if gv not in plans}
     out = tvm_compat.tvm().IRModule(keep, attrs=new.attrs)
     return out, len(plans)

@@ -33,6 +33,7 @@ ranges (``tir_var_upper_bound``); without a bound the core stays unfused.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from .... import tvm_compat
@@ -167,7 +168,7 @@ def _mask(mask, dims, mask_factor):
 
 
 def plan(seq, head_dim: int, smem_limit_kib: int, rows: bool = True,
-         mma: bool = True) -> tuple:
+         mma: bool = True, wide: bool = False) -> tuple:
     """(kernel, None) for this shape, or (None, why no kernel serves it). ``kernel``, the
     first that applies:
 
@@ -180,7 +181,13 @@ def plan(seq, head_dim: int, smem_limit_kib: int, rows: bool = True,
       and its shared memory leaves room for two CTAs per SM. At S = 197 (ViT, run as 256) it
       needs 197 KiB, one 4-warp CTA per SM, and lost to the tiled kernel on the H100 (vit_b_16
       1.817 vs 1.655 ms, 2026-12-07); at S = 128 (113 KiB) two fit;
-    - ``"tiled"`` (``kernels/flash_attention.py``): wmma, any length."""
+    - ``"tiled"`` (``kernels/flash_attention.py``): wmma, any length.
+
+    ``wide`` (opt-in, ``cuda.mma_attention_wide``): ``"mma_wide"``, the mma kernel with 32
+    query rows a warp (FlashAttention-2's tiling), where the head dim allows it (D <= 64);
+    not yet timed on a GPU."""
+    if mma and wide and mk.supported(head_dim, smem_limit_kib, row_tiles=2) is None:
+        return "mma_wide", None
     if mma and mk.supported(head_dim, smem_limit_kib) is None:
         return "mma", None
     if rows and isinstance(seq, int) and ak.supported(seq, head_dim, smem_limit_kib) is None:
@@ -192,7 +199,8 @@ def plan(seq, head_dim: int, smem_limit_kib: int, rows: bool = True,
 
 
 KERNELS = {"rows": ak.attention_func, "tiled": fk.flash_attention_func,
-           "mma": mk.mma_attention_func}
+           "mma": mk.mma_attention_func,
+           "mma_wide": functools.partial(mk.mma_attention_func, row_tiles=2)}
 
 
 def _fits_int32(sizes, upper: dict) -> bool:
@@ -206,7 +214,7 @@ def _fits_int32(sizes, upper: dict) -> bool:
 
 
 def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bool = True,
-          mma: bool = True):
+          mma: bool = True, wide: bool = False):
     """(q, k, v tensors, params dict) when ``call`` ends an attention core this pass fuses,
     (None, reason) when it is one the kernel cannot serve, None when it is no attention.
     ``upper``: the upper bounds of the module's symbolic dims ({name: max})."""
@@ -242,7 +250,7 @@ def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bo
     if dtype not in ak.DTYPES or any(x.ty.dtype != dtype for x in (kt, v)) or \
             (call.ty.dtype != dtype):
         return None
-    kernel, why = plan(s, d, smem_limit_kib, rows, mma)
+    kernel, why = plan(s, d, smem_limit_kib, rows, mma, wide)
     if why is not None:
         return None, why
     dims = (b, h, s, d)
@@ -267,7 +275,7 @@ def match(call, lookup, smem_limit_kib: int, upper: dict | None = None, rows: bo
     return [o[0] for o in ops] + ([mask] if mask is not None else []), params
 
 
-def fuse_attention(mod, sm: int, rows: bool = True, mma: bool = True):
+def fuse_attention(mod, sm: int, rows: bool = True, mma: bool = True, wide: bool = False):
     """``mod`` with attention cores fused (module docstring); returns (module, fused count,
     {reason: count} of the attention cores left unfused)."""
 
@@ -305,7 +313,7 @@ def fuse_attention(mod, sm: int, rows: bool = True, mma: bool = True):
                 dims = tuple(shape_of(src))
                 params = dict(made[inner.args[0].name_hint], dims=dims)
                 return emit(bb, list(inner.args[1].fields), params, ak.bshd(*dims))
-        found = match(call, lookup, limit, upper, rows, mma)
+        found = match(call, lookup, limit, upper, rows, mma, wide)
         if found is None:
             return None
         tensors, params = found
@@ -322,11 +330,11 @@ def fuse_attention(mod, sm: int, rows: bool = True, mma: bool = True):
 
 
 def fuse_attention_pass(sm: int, stats: dict | None = None, rows: bool = True,
-                        mma: bool = True):
+                        mma: bool = True, wide: bool = False):
     """:func:`fuse_attention` as a module pass (after precision conversion, before matmul_nt
     and LegalizeOps); ``stats`` counts the fused attention cores and the unfused ones."""
     def run(mod):
-        new, fused, declined = fuse_attention(mod, sm, rows, mma)
+        new, fused, declined = fuse_attention(mod, sm, rows, mma, wide)
         add_counts(stats, attention_fused=fused, attention_unfused=sum(declined.values()))
         return new
 
@@ -334,11 +342,11 @@ def fuse_attention_pass(sm: int, stats: dict | None = None, rows: bool = True,
 
 
 @register("fused_attention", "graph", 40, switch="fused_attention",
-          reads=("attention_rows", "mma_attention"),
+          reads=("attention_rows", "mma_attention", "mma_attention_wide"),
           labels={"attention_fused": "attention cores fused into one kernel",
                   "attention_unfused": "attention cores left unfused (shape, mask)"})
 def make_pass(ctx):
     if ctx.sm < 80:
         return None  # wmma + cp.async
     return fuse_attention_pass(ctx.sm, ctx.stats, ctx.cuda.attention_rows,
-                               ctx.cuda.mma_attention)
+                               ctx.cuda.mma_attention, ctx.cuda.mma_attention_wide)
