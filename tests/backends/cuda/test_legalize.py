@@ -204,8 +204,8 @@ def test_legalized_tir_runs_bit_exact_on_cpu(kind, dtype):
 
 # --------------------------------------------------------------------------- pipeline
 def test_pipeline_matches_tvm_default():
-    """amp's pipeline = TVM's default s_tir pipeline + the legalizer (drift detector for the
-    reproduced pass list in amp_cli/legalize/pipeline.py)."""
+    """amp's pipeline = TVM's default s_tir pipeline + the legalizer - LowerAsyncDMA (drift
+    detector for the reproduced pass list in amp_cli/backends/cuda/tir/pipeline.py)."""
 
     def names(pipeline):
         seen = []
@@ -228,7 +228,10 @@ def test_pipeline_matches_tvm_default():
                 "sequential"}
     ours_wo = [n for n in ours if n not in wrappers]
     stock_wo = [n for n in stock if n not in wrappers]
-    assert ours_wo == stock_wo
+    # the one pass amp leaves out on purpose (pipeline.py: Hexagon DMA, a no-op or a broken
+    # build on CUDA, and 25 % of a dynamic CNN's build time)
+    assert "s_tir.LowerAsyncDMA" in stock_wo and "s_tir.LowerAsyncDMA" not in ours_wo
+    assert ours_wo == [n for n in stock_wo if n != "s_tir.LowerAsyncDMA"]
     # pow first, on the whole module (the TIRx kernels too), before the s_tir passes
     assert ours[ours.index("amp.CudaTIRPipeline") + 1:][:2] == ["amp.ExactPow", "sequential"]
     i = ours.index("amp.LaneLegalize")
