@@ -49,13 +49,15 @@ Non-multiple-of-16 sizes need no padding here: dlight's tensor-core rule pads M/
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .... import tvm_compat
 from ....dtypes import LOW_TYPES
 from ...layout import REPORT_LABELS as LAYOUT_LABELS
 from ...layout import convert_layout
 from ..registry import register
-from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, shape_of, \
-    static_shape
+from .base import add_counts, calls, conv2d_in, entry_functions, module_pass, op_name, \
+    rewrite_calls, shape_of, static_shape
 
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
@@ -211,7 +213,31 @@ def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw,
     return te.compute((n_, ho_, wo_, o), value, name="conv_gemm")
 
 
-def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True):
+# weights folded here in numpy (any other dtype: a Relax op that FoldConstant folds)
+NUMPY_WEIGHT_TYPES = ("float16", "float32")
+
+
+def _weight_value(expr, lookup, depth: int = 4):
+    """The numpy value of a conv weight that is a constant, or a ``permute_dims`` of one (what
+    ConvertLayout leaves: OIHW -> OHWI), else None. Folding the weight matrix here instead of
+    leaving reshape/pad calls for Relax's FoldConstant saves that pass compiling and running an
+    LLVM kernel per conv: 10 of the 36 s of a dynamic ResNet-50 cuda:sm_90 build."""
+    relax = tvm_compat.relax()
+    value = tvm_compat.constant_value(expr)
+    if value is not None:
+        return value if str(value.dtype) in NUMPY_WEIGHT_TYPES else None
+    if depth == 0:
+        return None
+    if isinstance(expr, relax.Var):
+        bound = lookup(expr)
+        return None if bound is None else _weight_value(bound, lookup, depth - 1)
+    if op_name(expr) == "relax.permute_dims" and expr.attrs.axes is not None:
+        inner = _weight_value(expr.args[0], lookup, depth - 1)
+        return None if inner is None else np.transpose(inner, [int(a) for a in expr.attrs.axes])
+    return None
+
+
+def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True, lookup=None):
     """Emit the GEMM form of an NHWC/OHWI conv2d call; returns (the replacement expression,
     whether it is an implicit GEMM). ``implicit``: convs with C a multiple of 8 read the image
     inside the GEMM (no im2col); ``pad_stems``: image stems too, padded to 8 channels."""
@@ -227,6 +253,14 @@ def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True):
     ho = (h + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
     wo = (wd + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
     out_dtype = str(a.out_dtype) if str(a.out_dtype) not in ("", "void") else x.ty.dtype
+    w_np = _weight_value(w, lookup) if lookup is not None else None
+
+    def weight_matrix(cols: int, k_pad: int = 0):
+        """[O, cols] (+ ``k_pad`` zero columns): a constant when the weight folds here."""
+        if w_np is not None:
+            return relax.const(np.pad(w_np.reshape(o, cols), [(0, 0), (0, k_pad)]))
+        m = bb.emit(relax.op.reshape(w, [o, cols]))
+        return bb.emit(relax.op.nn.pad(m, [0, 0, 0, k_pad])) if k_pad else m
 
     pointwise = kh == kw == 1 and strides == [1, 1] and not any(padding)
     if pad_stems and (implicit or not isinstance(n, int)) and stem_channels(c, kh, kw, strides):
@@ -235,20 +269,23 @@ def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True):
         # producer's cast/layout kernel) instead of an im2col tensor kh*kw/(sh*sw) its size
         extra = IMPLICIT_CHANNEL_MULTIPLE - c
         x = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra]))
-        w = bb.emit(relax.op.nn.pad(w, [0, 0, 0, 0, 0, 0, 0, extra]))
+        if w_np is not None:
+            w_np = np.pad(w_np, [(0, 0), (0, 0), (0, 0), (0, extra)])
+        else:
+            w = bb.emit(relax.op.nn.pad(w, [0, 0, 0, 0, 0, 0, 0, extra]))
         c = IMPLICIT_CHANNEL_MULTIPLE
     # a symbolic batch: a batched GEMM (module docstring), a pointwise conv too where its sides
     # allow (over M = N*H*W it ran 30-50x slower than static on the H100, 2026-12-05)
     batched = not isinstance(n, int) and \
         min(ho * wo, o, _padded_k(dict(kh=kh, kw=kw, c=c))) >= BATCHED_MIN_SIDE
     if pointwise and batched and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
-        wmat = bb.emit(relax.op.reshape(w, [o, c]))
+        wmat = weight_matrix(c)
         return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype, True), x, wmat,
                           primfunc_name_hint="amp_conv_gemm"), False
     if pointwise:
         cols = x  # already [N, H, W, C]
     elif (implicit or batched) and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
-        wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
+        wmat = weight_matrix(kh * kw * c)
         return bb.call_te(
             lambda xt, bt: implicit_gemm_te(te, tirx, xt, bt, kh, kw, strides, padding, dilation,
                                           (ho, wo), out_dtype, batched), x, wmat,
@@ -258,12 +295,11 @@ def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True):
         cols = bb.emit_te(
             lambda xt: _im2col(te, tirx, xt, kh, kw, strides, padding, dilation, (ho, wo),
                                columns), x, primfunc_name_hint="amp_im2col")
-        wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
-        if columns != kh * kw * c:  # zero weights for the zero columns (folded: a constant)
-            wmat = bb.emit(relax.op.nn.pad(wmat, [0, 0, 0, columns - kh * kw * c]))
+        # zero weights for the zero columns
+        wmat = weight_matrix(kh * kw * c, columns - kh * kw * c)
         return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype, batched), cols, wmat,
                           primfunc_name_hint="amp_conv_gemm"), False
-    wmat = bb.emit(relax.op.reshape(w, [o, kh * kw * c]))
+    wmat = weight_matrix(kh * kw * c)
     return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype), cols, wmat,
                       primfunc_name_hint="amp_conv_gemm"), False
 
@@ -281,16 +317,20 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None,
 
     implicit_count = []
 
-    def rewrite(bb, call, _lookup):
+    def rewrite(bb, call, lookup):
         if not _is_candidate(call, want_layout="NHWC"):
             return None
-        new, is_implicit = _rewrite_conv(bb, call, implicit, pad_stems)
+        new, is_implicit = _rewrite_conv(bb, call, implicit, pad_stems, lookup)
         implicit_count.append(is_implicit)
         return new
 
-    # The rewrite leaves reshapes/layout transforms of constant weights: fold them before dead
-    # code goes, so the GEMM's B operand is a plain constant before FuseOps groups kernels.
-    new, count = rewrite_calls(mod, rewrite, cleanup=relax.transform.FoldConstant())
+    # What is left of layout transforms of constants (the biases', and weights that did not
+    # fold in numpy): folded, so FuseOps sees plain constants. Dead code goes first: the
+    # weights' own permutes, which the GEMMs no longer read, would each cost FoldConstant an
+    # LLVM kernel build (4 of a dynamic ResNet-50's 24 s).
+    entries = entry_functions(mod)
+    new, count = rewrite_calls(mod, rewrite, cleanup=lambda m: relax.transform.FoldConstant()(
+        relax.transform.DeadCodeElimination(entries)(m)))
     add_counts(stats, convs_as_gemm=count, implicit_gemm_convs=sum(implicit_count))
     return new
 
