@@ -103,7 +103,9 @@ case "$step" in
     for names in "$@"; do
       i=$((i + 1))
       (
-        work=/tmp/amp-corpus-$i
+        # named by the group, not its place: a later call with other groups must not reuse
+        # an earlier call's export (2026-12-07: two groups re-ran the first call's models)
+        work=/tmp/amp-corpus-$(printf '%s' "$names" | md5sum | cut -c1-10)
         [ -f "$work/manifest.json" ] || timeout 240 "$PY" -m benchmarks.corpus export "$work" \
           --scale tiny --only "$names" > "$work.export.log" 2>&1
         timeout $((end - SECONDS)) "$PY" -m benchmarks.corpus run "$work" --target cuda --precision fp16,bf16 \
@@ -113,7 +115,20 @@ case "$step" in
       ) &
     done
     wait
-    cat "$OUT"/corpus_cuda_*.log | grep -v '^ *$' | tail -120
+    # one JSON and one log: the device tool brings back only a few files per call (the fifth
+    # group's pair was left out on 2026-12-07)
+    "$PY" - "$OUT" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+parts = sorted(glob.glob(os.path.join(out, "corpus_cuda_[0-9]*.json")))
+rows = [r for p in parts for r in json.load(open(p)).get("rows", [])]
+json.dump({"target": "cuda", "rows": rows}, open(os.path.join(out, "corpus_cuda.json"), "w"),
+          indent=1)
+for p in parts:
+    os.remove(p)
+PY
+    cat "$OUT"/corpus_cuda_[0-9]*.log > "$OUT/corpus_cuda.log" && rm -f "$OUT"/corpus_cuda_[0-9]*.log
+    grep -v '^ *$' "$OUT/corpus_cuda.log" | tail -120
     ;;
   *)
     sed -n "2,15p" "$0"
