@@ -238,6 +238,9 @@ def test_light_resnet50_converts_for_llvm(tmp_path):
     cfg.precision.precision = "fp32"
     conv = amp_cli.convert(amp_cli.load(path), cfg, isolate=False)
     try:
-        assert cpu.LAST_STATS["layout"] == {"layout_stack_reductions": 16}
+        # the counts that are not zero (the CPU pipeline's permute sinking, run after
+        # ConvertLayout since c7ca289, adds its own key)
+        done = {k: v for k, v in cpu.LAST_STATS["layout"].items() if v}
+        assert done == {"layout_stack_reductions": 16}, cpu.LAST_STATS["layout"]
     finally:
         conv.cleanup()
