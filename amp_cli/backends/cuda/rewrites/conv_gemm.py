@@ -54,10 +54,10 @@ import numpy as np
 from .... import tvm_compat
 from ....dtypes import LOW_TYPES
 from ...layout import REPORT_LABELS as LAYOUT_LABELS
-from ...layout import convert_layout
+from ...layout import NUMPY_DTYPES, convert_layout
 from ..registry import register
-from .base import add_counts, calls, conv2d_in, entry_functions, module_pass, op_name, \
-    rewrite_calls, shape_of, static_shape
+from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, shape_of, \
+    static_shape
 
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 
@@ -213,28 +213,17 @@ def implicit_gemm_te(te, tirx, x, b, kh, kw, strides, padding, dilation, out_hw,
     return te.compute((n_, ho_, wo_, o), value, name="conv_gemm")
 
 
-# weights folded here in numpy (any other dtype: a Relax op that FoldConstant folds)
-NUMPY_WEIGHT_TYPES = ("float16", "float32")
-
-
-def _weight_value(expr, lookup, depth: int = 4):
-    """The numpy value of a conv weight that is a constant, or a ``permute_dims`` of one (what
-    ConvertLayout leaves: OIHW -> OHWI), else None. Folding the weight matrix here instead of
-    leaving reshape/pad calls for Relax's FoldConstant saves that pass compiling and running an
-    LLVM kernel per conv: 10 of the 36 s of a dynamic ResNet-50 cuda:sm_90 build."""
-    relax = tvm_compat.relax()
-    value = tvm_compat.constant_value(expr)
-    if value is not None:
-        return value if str(value.dtype) in NUMPY_WEIGHT_TYPES else None
-    if depth == 0:
-        return None
-    if isinstance(expr, relax.Var):
-        bound = lookup(expr)
-        return None if bound is None else _weight_value(bound, lookup, depth - 1)
-    if op_name(expr) == "relax.permute_dims" and expr.attrs.axes is not None:
-        inner = _weight_value(expr.args[0], lookup, depth - 1)
-        return None if inner is None else np.transpose(inner, [int(a) for a in expr.attrs.axes])
-    return None
+def _weight_value(expr, lookup):
+    """The numpy value of a conv weight that is a constant, directly or through its binding,
+    else None. ConvertLayout's OIHW -> OHWI permute of a constant weight is already a constant
+    (``layout.convert_layout`` folds it, for the dtypes numpy represents: ``NUMPY_DTYPES``), so
+    the weight matrix is folded here too instead of leaving reshape/pad calls for Relax's
+    FoldConstant, which compiles and runs an LLVM kernel per conv (10 of the 36 s of a dynamic
+    ResNet-50 cuda:sm_90 build)."""
+    if isinstance(expr, tvm_compat.relax().Var):
+        expr = lookup(expr)
+    value = tvm_compat.constant_value(expr) if expr is not None else None
+    return value if value is not None and str(value.dtype) in NUMPY_DTYPES else None
 
 
 def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True, lookup=None):
@@ -324,13 +313,9 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None,
         implicit_count.append(is_implicit)
         return new
 
-    # What is left of layout transforms of constants (the biases', and weights that did not
-    # fold in numpy): folded, so FuseOps sees plain constants. Dead code goes first: the
-    # weights' own permutes, which the GEMMs no longer read, would each cost FoldConstant an
-    # LLVM kernel build (4 of a dynamic ResNet-50's 24 s).
-    entries = entry_functions(mod)
-    new, count = rewrite_calls(mod, rewrite, cleanup=lambda m: relax.transform.FoldConstant()(
-        relax.transform.DeadCodeElimination(entries)(m)))
+    # The rewrite leaves reshapes/pads of weights numpy could not fold (bf16): fold them before
+    # dead code goes, so the GEMM's B operand is a plain constant before FuseOps groups kernels.
+    new, count = rewrite_calls(mod, rewrite, cleanup=relax.transform.FoldConstant())
     add_counts(stats, convs_as_gemm=count, implicit_gemm_convs=sum(implicit_count))
     return new
 
