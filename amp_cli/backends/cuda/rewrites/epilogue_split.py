@@ -29,17 +29,14 @@ import math
 from .... import tvm_compat
 from ....ir_attrs import OP_PATTERN
 from ..registry import register
-from .base import add_counts, module_pass, rewrite_calls
+from .base import add_counts, module_pass, rewrite_calls, static_shape
 
 OUT_EWISE_FUSABLE = 4  # tvm::relay::OpPatternKind::kOutEWiseFusable
 
 
 def _numel(expr) -> int | None:
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    if shape is None or not hasattr(shape, "values"):
-        return None
-    dims = [getattr(v, "value", None) for v in shape.values]
-    return math.prod(int(d) for d in dims) if all(d is not None for d in dims) else None
+    shape = static_shape(expr)
+    return None if shape is None else math.prod(shape)
 
 
 def _vars_in(expr) -> list:
@@ -176,27 +173,33 @@ def split_expanding_epilogues(mod):
         names.add(name)
         return name
 
+    def split_functions(bb, gv):
+        """(head GlobalVar, tail GlobalVar, head params, tail params, exports) of ``gv``'s
+        split, the two functions added to ``bb`` on first use."""
+        if gv not in made:
+            func = mod[gv]
+            head, tail = plans[gv]
+            head_vars, params = {b.var for b in head}, set(func.params)
+            tail_reads = [v for b in tail for v in _vars_in(b.value)]
+            exports = list(dict.fromkeys(v for v in tail_reads + _vars_in(func.body.body)
+                                         if v in head_vars))
+            head_params = list(dict.fromkeys(v for b in head for v in _vars_in(b.value)
+                                             if v in params))
+            tail_params = list(dict.fromkeys(v for v in tail_reads if v in params))
+            attrs = {k: v for k, v in func.attrs.items() if k != "global_symbol"}
+            result = _vars_in(func.body.body)  # the function's output var, or a tuple's
+            made[gv] = (_function(bb, fresh(head), attrs, head_params, head, exports),
+                        _function(bb, fresh(tail), attrs, tail_params + exports, tail,
+                                  result if len(result) > 1 else [func.body.body]),
+                        head_params, tail_params, exports)
+        return made[gv]
+
     def rewrite(bb, call, lookup):  # noqa: ARG001
         gv = call.op
         if not isinstance(gv, relax.GlobalVar) or gv not in plans:
             return None
-        func = mod[gv]
-        head, tail = plans[gv]
-        head_vars = {b.var for b in head}
-        tail_reads = [v for b in tail for v in _vars_in(b.value)]
-        exports = list(dict.fromkeys(v for v in tail_reads + _vars_in(func.body.body)
-                                     if v in head_vars))
-        head_params = list(dict.fromkeys(v for b in head for v in _vars_in(b.value)
-                                         if v in set(func.params)))
-        tail_params = list(dict.fromkeys(v for v in tail_reads if v in set(func.params)))
-        attrs = {k: v for k, v in func.attrs.items() if k != "global_symbol"}
-        if gv not in made:
-            result = _vars_in(func.body.body)  # the function's output var, or a tuple's
-            made[gv] = (_function(bb, fresh(head), attrs, head_params, head, exports),
-                        _function(bb, fresh(tail), attrs, tail_params + exports, tail,
-                                  result if len(result) > 1 else [func.body.body]))
-        head_gv, tail_gv = made[gv]
-        actual = dict(zip(func.params, call.args))
+        head_gv, tail_gv, head_params, tail_params, exports = split_functions(bb, gv)
+        actual = dict(zip(mod[gv].params, call.args))
         out = bb.emit(relax.Call(head_gv, [actual[p] for p in head_params]))
         got = ([out] if len(exports) == 1 else
                [bb.emit(relax.TupleGetItem(out, i)) for i in range(len(exports))])
