@@ -20,6 +20,7 @@ from typing import Callable
 from . import tvm_compat
 from .accuracy import check_accuracy, first_nonfinite_call, random_inputs
 from .compile import BuildResult, build
+from .compile.dynamic import capture_note
 from .config import ConvertConfig
 from .errors import AccuracyError, OutputError
 from .frontend import LoadedModel
@@ -179,27 +180,8 @@ def dynamic_notes(model: LoadedModel, target: ResolvedTarget, cfg: ConvertConfig
              f"outside them raises AssertionError naming the ranges; the accuracy check runs "
              f"at each dim's minimum, optimum and maximum"]
     if target.is_cuda and cfg.cuda.cuda_graph:
-        notes.append(cuda_graph_note(model.dynamic, cfg.dynamic.specialize_optimum))
+        notes.append(capture_note(model.dynamic, cfg.dynamic.specialize_optimum))
     return notes
-
-
-def cuda_graph_note(ranges: dict, specialize: bool) -> str:
-    """Which shapes of a dynamic CUDA build replay captured CUDA graphs (compile/dynamic.py)."""
-    from .compile.dynamic import MAX_CAPTURED_SHAPES, capture_grid, shape_count
-
-    if not specialize:
-        return ("CUDA graphs: only the regions whose shapes do not depend on the dynamic dims "
-                "are captured (no copy at the optimum shape)")
-    head = "CUDA graphs: the copy at the optimum shape runs as one captured graph; "
-    if shape_count(ranges) <= MAX_CAPTURED_SHAPES:
-        return head + (f"every other shape is captured at its first call (the ranges hold "
-                       f"{shape_count(ranges)} shapes)")
-    grid = capture_grid(ranges)
-    if grid is None:
-        return head + "other shapes launch their kernels one by one"
-    on = ", ".join(f"{n} a multiple of {s}" if s > 1 else f"any {n}" for n, s in grid.items())
-    return head + (f"shapes with {on} are captured at their first call (at most "
-                   f"{MAX_CAPTURED_SHAPES} graphs); other shapes launch their kernels one by one")
 
 
 @dataclass

@@ -409,10 +409,10 @@ def test_symbolic_graph_rewrites_keep_the_values(bert_onnx, monkeypatch):
 
 
 def test_report_note_says_which_shapes_replay_graphs():
-    from amp_cli.convert import cuda_graph_note
+    from amp_cli.compile.dynamic import capture_note
 
     wide = {"batch": DimRange(1, 32, 8), "sequence": DimRange(16, 512, 128)}
-    note = cuda_graph_note(wide, specialize=True)
+    note = capture_note(wide, specialize=True)
     assert "sequence a multiple of 16" in note and "at most 1024 graphs" in note
-    assert "every other shape" in cuda_graph_note({"batch": DimRange(1, 32, 8)}, True)
-    assert "no copy at the optimum" in cuda_graph_note(wide, specialize=False)
+    assert "every other shape" in capture_note({"batch": DimRange(1, 32, 8)}, True)
+    assert "no copy at the optimum" in capture_note(wide, specialize=False)

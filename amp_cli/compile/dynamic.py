@@ -75,6 +75,24 @@ def capture_grid(ranges: dict, limit: int = MAX_CAPTURED_SHAPES) -> dict[str, in
     return steps
 
 
+def capture_note(ranges: dict, specialize: bool) -> str:
+    """The report's line on which shapes of a dynamic CUDA build with CUDA graphs on replay
+    captured graphs: what :func:`guard_dynamic` arranges for ``ranges``."""
+    if not specialize:
+        return ("CUDA graphs: only the regions whose shapes do not depend on the dynamic dims "
+                "are captured (no copy at the optimum shape)")
+    head = "CUDA graphs: the copy at the optimum shape runs as one captured graph; "
+    if shape_count(ranges) <= MAX_CAPTURED_SHAPES:
+        return head + (f"every other shape is captured at its first call (the ranges hold "
+                       f"{shape_count(ranges)} shapes)")
+    grid = capture_grid(ranges)
+    if grid is None:
+        return head + "other shapes launch their kernels one by one"
+    on = ", ".join(f"{n} a multiple of {s}" if s > 1 else f"any {n}" for n, s in grid.items())
+    return head + (f"shapes with {on} are captured at their first call (at most "
+                   f"{MAX_CAPTURED_SHAPES} graphs); other shapes launch their kernels one by one")
+
+
 def range_message(ranges: dict) -> str:
     """The AssertionError text: the sizes given ({} placeholders, filled by the VM) and every
     allowed range."""
@@ -160,10 +178,9 @@ def specialize_optimum(mod, sizes: dict[str, int], grid: dict[str, int] | None =
         grid_out = relax.Var("out_graphs", main.ret_ty)
         on = relax.SeqExpr([relax.BindingBlock(
             [relax.VarBinding(grid_out, relax.Call(graphs_gv, params))])], grid_out)
-        off_grid = other
         other_out = relax.Var("out_symbolic", main.ret_ty)
         other = relax.SeqExpr([relax.BindingBlock(
-            [relax.VarBinding(other_out, relax.If(on_grid, on, off_grid))])], other_out)
+            [relax.VarBinding(other_out, relax.If(on_grid, on, other))])], other_out)
     fbb = relax.BlockBuilder()
     with fbb.function("main", params, attrs=dict(main.attrs), pure=main.is_pure):
         out = fbb.emit(relax.If(at_optimum, then, other))
