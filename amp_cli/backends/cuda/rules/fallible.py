@@ -30,10 +30,9 @@ def fallible(rule, failures: list | None = None, scheduled: list | None = None):
                 return sch
             except Exception as exc:  # noqa: BLE001 - any rule bug means "not this rule"
                 if failures is not None:
-                    name = func.attrs.get(KERNEL_NAME, None) if func.attrs else None
                     lines = str(exc).strip().splitlines()
                     failures.append({"rule": type(self.rule).__name__,
-                                     "kernel": str(name) if name is not None else "?",
+                                     "kernel": _kernel_name(func),
                                      "error": f"{type(exc).__name__}: "
                                               f"{lines[-1] if lines else ''}"[:200]})
                 return None
@@ -67,10 +66,14 @@ def reduction_extent(func) -> int:
     return best
 
 
-def _record(func, rule: str) -> dict:
+def _kernel_name(func) -> str:
+    """The kernel's name as the pipeline recorded it (``name_kernels_pass``), else "?"."""
     name = func.attrs.get(KERNEL_NAME, None) if func.attrs else None
-    return {"kernel": str(name) if name is not None else "?", "rule": rule,
-            "reduction": reduction_extent(func)}
+    return str(name) if name is not None else "?"
+
+
+def _record(func, rule: str) -> dict:
+    return {"kernel": _kernel_name(func), "rule": rule, "reduction": reduction_extent(func)}
 
 
 def recorded_fallback(records: list | None = None):
