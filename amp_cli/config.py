@@ -131,6 +131,9 @@ class CudaConfig:
     depthwise_conv: bool = True
     # sm_90: NT GEMMs as wgmma + TMA kernels (TIRx), epilogue fused; builds compile for sm_90a
     hopper_gemm: bool = True
+    # the shortest K (a multiple of 64) a GEMM needs to take the Hopper kernel; shorter ones
+    # keep amp's wmma tiles (512: the range measured on bert-large)
+    hopper_min_k: int = 512
 
 
 @dataclass

@@ -70,25 +70,26 @@ case "$step" in
     par=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
     timeout 200 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
       --junitxml="$OUT/kernel_tests.xml" tests/backends/cuda/test_fused_attention.py \
-      tests/backends/cuda/test_tc_gemm.py -k "mma or narrow" 2>&1 | tail -8
+      tests/backends/cuda/test_tc_gemm.py tests/backends/cuda/test_hopper_gemm.py \
+      -k "mma or narrow or short_k" 2>&1 | tail -8
     timeout 150 "$PY" benchmarks/attention_bench.py --json "$OUT/attention_bench.json" \
       --shapes "8,12,1500,64;8,12,197,64;8,12,128,64;8,12,512,64" --number 10 --repeat 10 \
       2>&1 | tail -14
     ;;
   verify)
-    # the profiles owed (issue 21): the three models still above torch.compile
-    # reduce-overhead on 2026-12-07 (convnext_tiny 1.07x, yolo_head 1.13x, whisper_encoder
-    # 1.14x), fp16, each with amp's per-kernel profile, plus the A/B of the SE-gate split on
-    # mobilenet_v3_large (0.651 -> 0.439 ms on the H100, 2026-12-07) as a check that it holds,
-    # and the opt-in 32-rows-a-warp attention (cuda.mma_attention_wide) on whisper_encoder.
-    # Keep it to a few models: ten builds beside five torch compiles did not fit a 290 s
-    # budget. VERIFY_MODELS picks the models.
+    # issue 21's open A/Bs with the per-kernel profiles, one run: Hopper wgmma GEMMs for
+    # K down to 128 (cuda.hopper_min_k; ConvNeXt's FFN-up K = 192/384, the CNNs' 1x1 convs)
+    # against the default K >= 512, and the opt-in 32-rows-a-warp attention
+    # (cuda.mma_attention_wide) on whisper_encoder. Keep it to a few models: ten builds beside
+    # five torch compiles did not fit a 290 s budget. VERIFY_MODELS picks the models.
     V=benchmarks/variants
     timeout 580 "$PY" benchmarks/gpu_suite.py --models '' \
-      --corpus "${VERIFY_MODELS:-convnext_tiny,yolo_head,whisper_encoder,mobilenet_v3_large}" \
+      --corpus "${VERIFY_MODELS:-convnext_tiny,resnet50,efficientnet_b0,whisper_encoder}" \
       --torch-modes reduce-overhead --amp-precisions fp16 --jobs 8 \
       --budget-s "${VERIFY_BUDGET_S:-420}" --json "$OUT/verify_suite.json" \
-      --variant "mobilenet_v3_large.dynamo:no-split=$V/no-epilogue-split.yaml" \
+      --variant "convnext_tiny.dynamo:short-k=$V/hopper-short-k.yaml" \
+      --variant "resnet50.dynamo:short-k=$V/hopper-short-k.yaml" \
+      --variant "efficientnet_b0.dynamo:short-k=$V/hopper-short-k.yaml" \
       --variant "whisper_encoder.dynamo:mma-wide=$V/mma-attention-wide.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
     ;;

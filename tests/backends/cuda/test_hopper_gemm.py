@@ -78,6 +78,34 @@ def test_plan_declines(m, n, k, why):
     assert why in hg.plan(m, n, k)
 
 
+def test_plan_takes_shorter_k_when_asked():
+    """``cuda.hopper_min_k`` lowers the K threshold (ConvNeXt's and Whisper's K = 384 / 768
+    GEMMs); never below one 64-deep step, and K must still be a multiple of 64."""
+    assert "in 512..8192" in hg.plan(1568, 1536, 384)
+    assert hg.plan(1568, 1536, 384, min_k=128) == hg.Plan(128, 6)
+    assert isinstance(hg.plan(1024, 1024, 64, min_k=0), hg.Plan)
+    assert "in 64..8192" in hg.plan(1024, 1024, 0, min_k=0)
+    assert "multiple of 64" in hg.plan(1568, 384, 96, min_k=64)
+
+
+def test_min_k_reaches_the_pass():
+    """``cuda.hopper_min_k`` from the config reaches the registered Hopper pass: a K = 256
+    GEMM becomes a wgmma kernel with it at 256 and keeps its schedule by default."""
+    from amp_cli.backends.cuda.pipeline import build_context
+    from amp_cli.compile import compile_target
+    from amp_cli.config import CudaConfig
+    from amp_cli.target import resolve_target
+
+    target = compile_target(resolve_target("cuda:sm_90"))
+    mod = tvm.IRModule({"gemm": gemm(256, 256, 256, bias=True)})
+    counts = {}
+    for cfg in (CudaConfig(), CudaConfig(hopper_min_k=256)):
+        stats: dict = {}
+        hg.make_pass(build_context(target, cfg, stats))(mod)
+        counts[cfg.hopper_min_k] = stats.get("hopper_gemm", 0)
+    assert counts == {512: 0, 256: 1}
+
+
 def test_match_reads_the_fused_tail():
     match = hg.match_gemm(epilogue_gemm(128, 256, 512, batch=2))
     assert not isinstance(match, str), match
@@ -225,6 +253,23 @@ def test_fused_tail_matches_float64(batch, m, n, k):
     ref = res + np.vectorize(erf)(c.astype("float64"))
     out = _run(hopper(epilogue_gemm(m, n, k, batch=batch)), [a, b, bias, res],
                (batch, m, n), "float32")
+    assert _rel(out, ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m,n,k", [(200, 256, 64), (256, 192, 128), (1568, 1536, 384)])
+def test_short_k_matches_float64(m, n, k):
+    """K loops of 1..6 steps (``cuda.hopper_min_k`` below 512): fewer steps than stages, so
+    the producer never waits on ``empty``, and a ragged M."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((m, k)).astype("float16")
+    b = rng.standard_normal((n, k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float32")
+    ref = np.maximum(a.astype("float64") @ b.astype("float64").T + bias, 0)
+    made = hg.hopper_func(gemm(m, n, k, bias=True, relu=True), min_k=64)
+    assert not isinstance(made, str), made
+    out = _run(made, [a, b, bias], (m, n), "float16")
     assert _rel(out, ref) < 2e-3
 
 

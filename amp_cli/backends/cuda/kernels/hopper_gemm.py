@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 
 from .... import tvm_compat
+from ....config import CudaConfig
 from ....hardware import arch_sm, sm_count
 from ....ir_attrs import HOPPER_TILE, IS_SCHEDULED, OP_PATTERN, TIRX_KERNEL
 from ..functions import replace_functions
@@ -46,7 +47,7 @@ from ..registry import register
 
 BM, BK = 128, 64        # rows per CTA (two m64 warpgroups), K per stage (128 bytes of fp16)
 BNS = (192, 128, 64)     # 256 wide: same speed as 128 on N=4096, but its epilogue spills registers
-MIN_K = 512             # measured range (bert-large: K 1024/4096); short K loops keep tc_gemm
+MIN_K = CudaConfig.hopper_min_k  # the default shortest K (``cuda.hopper_min_k``)
 MAX_K = 8192            # the consumer's K loop is unrolled (see gemm_kernel): 128 steps at most
 SMEM_BUDGET = 200 * 1024
 MAX_STAGES = 6
@@ -68,8 +69,9 @@ class Plan:
         return self.stages * (BM + self.bn) * BK * in_bytes
 
 
-def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS):
+def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS, min_k: int = MIN_K):
     """The tile width and stage count for an M x N x K GEMM, or a string saying why not.
+    ``min_k``: the shortest K taken (``cuda.hopper_min_k``; at least one 64-deep step).
 
     BN: the widest of 192/128/64 dividing N whose grid still fills 90% of the SMs (else the
     one with the most CTAs); stages: as many as fit ``SMEM_BUDGET``, at most ``MAX_STAGES``.
@@ -81,8 +83,9 @@ def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS):
     """
     if n % 64:
         return f"N={n} is not a multiple of 64"
-    if k % BK or not MIN_K <= k <= MAX_K:
-        return f"K={k} is not a multiple of {BK} in {MIN_K}..{MAX_K}"
+    lo = max(BK, min_k)
+    if k % BK or not lo <= k <= MAX_K:
+        return f"K={k} is not a multiple of {BK} in {lo}..{MAX_K}"
     if m < BM:
         return f"M={m} is below {BM}"
     rows = -(-m // BM)
@@ -451,14 +454,14 @@ def gemm_kernel(match: GemmMatch, p: Plan):
                                        + [main.body]))
 
 
-def hopper_func(func, sms: int = HOPPER_SMS):
+def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K):
     """``func`` rewritten as a Hopper GEMM kernel with the same parameters, or a string saying
     why not."""
     T = tvm_compat.tirx()
     match = match_gemm(func)
     if isinstance(match, str):
         return match
-    p = plan(match.m, match.n, match.k, sms)
+    p = plan(match.m, match.n, match.k, sms, min_k)
     if isinstance(p, str):
         return p
     kernel = gemm_kernel(match, p)
@@ -475,7 +478,7 @@ def hopper_func(func, sms: int = HOPPER_SMS):
     return T.PrimFunc(params, kernel.body).with_attrs(attrs)
 
 
-def hopper_gemm_pass(target, stats: dict | None = None):
+def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K):
     """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
     (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``."""
     tvm = tvm_compat.tvm()
@@ -487,7 +490,7 @@ def hopper_gemm_pass(target, stats: dict | None = None):
         for gv, f in mod.functions_items():
             if not isinstance(f, tvm_compat.prim_func_class()):
                 continue
-            made = hopper_func(f, sms)
+            made = hopper_func(f, sms, min_k)
             if not isinstance(made, str):
                 updates[gv] = made
         if stats is not None and updates:
@@ -497,7 +500,9 @@ def hopper_gemm_pass(target, stats: dict | None = None):
     return _pass
 
 
-@register("hopper_gemm", "tir", 10, switch="hopper_gemm",
+@register("hopper_gemm", "tir", 10, switch="hopper_gemm", reads=("hopper_min_k",),
           labels={"hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"})
 def make_pass(ctx):
-    return hopper_gemm_pass(ctx.target, ctx.stats) if enabled_for(ctx.target) else None
+    if not enabled_for(ctx.target):
+        return None
+    return hopper_gemm_pass(ctx.target, ctx.stats, ctx.cuda.hopper_min_k)

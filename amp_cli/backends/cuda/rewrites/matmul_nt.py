@@ -128,12 +128,14 @@ def _nt_operands(call, lookup):
     return None
 
 
-def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False, hopper: bool = False):
+def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False, hopper: bool = False,
+                 hopper_min_k: int = hopper_gemm.MIN_K):
     """``mod`` with eligible matmuls in NT form (module docstring) and a count per kind.
     ``split_k`` (needs ``sm``, the CUDA arch number): constant-weight GEMMs whose output is too
     small to fill the GPU with the largest tile (``tc_gemm.split_k_factor``) run as K-split
     partial GEMMs plus an elementwise sum (fp32 accumulation only). ``hopper``: GEMMs that the
-    Hopper kernels take (``hopper_gemm.plan``) stay whole: they fill the GPU without the split."""
+    Hopper kernels take (``hopper_gemm.plan`` with ``hopper_min_k``) stay whole: they fill the
+    GPU without the split."""
 
     te = tvm_compat.tvm().te
     relax = tvm_compat.relax()
@@ -155,7 +157,7 @@ def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False, hopper: bool
             m = int(np.prod(a_shape[:-1]))
             n, k = static_shape(b_nt)[0], a_shape[-1]
             whole = hopper and str(a.ty.dtype) in hopper_gemm.IN_TYPES and isinstance(
-                hopper_gemm.plan(m, n, k), hopper_gemm.Plan)
+                hopper_gemm.plan(m, n, k, min_k=hopper_min_k), hopper_gemm.Plan)
             factor = 1 if whole else tc_gemm.split_k_factor(1, m, n, k, sm)
         if factor > 1:
             counts["split_k"] += 1
@@ -171,11 +173,11 @@ def matmul_to_nt(mod, sm: int | None = None, split_k: bool = False, hopper: bool
 
 
 def matmul_to_nt_pass(sm: int | None = None, split_k: bool = False, stats: dict | None = None,
-                      hopper: bool = False):
+                      hopper: bool = False, hopper_min_k: int = hopper_gemm.MIN_K):
     """:func:`matmul_to_nt` as a module pass (after precision conversion, before LegalizeOps);
     ``stats`` counts the matmuls made NT and those split along K."""
     def run(mod):
-        new, counts = matmul_to_nt(mod, sm, split_k, hopper)
+        new, counts = matmul_to_nt(mod, sm, split_k, hopper, hopper_min_k)
         add_counts(stats, matmuls_nt=counts["constant"] + counts["transposed"],
                    split_k_gemms=counts["split_k"])
         return new
@@ -183,10 +185,10 @@ def matmul_to_nt_pass(sm: int | None = None, split_k: bool = False, stats: dict 
     return module_pass(run, "AmpMatmulToNT")
 
 
-@register("matmul_nt", "graph", 50, reads=("split_k", "hopper_gemm"),
+@register("matmul_nt", "graph", 50, reads=("split_k", "hopper_gemm", "hopper_min_k"),
           labels={"matmuls_nt": "matmuls in NT form", "split_k_gemms": "GEMMs split along K"})
 def make_pass(ctx):
     # always on; split_k and hopper_gemm change which GEMMs it splits
     hopper = ctx.cuda.hopper_gemm and hopper_gemm.enabled_for(ctx.target)
-    return matmul_to_nt_pass(ctx.sm, ctx.cuda.split_k, ctx.stats, hopper)
+    return matmul_to_nt_pass(ctx.sm, ctx.cuda.split_k, ctx.stats, hopper, ctx.cuda.hopper_min_k)
 
