@@ -134,6 +134,9 @@ class CudaConfig:
     # the shortest K (a multiple of 64) a GEMM needs to take the Hopper kernel; shorter ones
     # keep amp's wmma tiles (512: the range measured on bert-large)
     hopper_min_k: int = 512
+    # GEMMs with symbolic rows (dynamic batch / sequence) on the Hopper kernels too, one kernel
+    # for every M; opt-in until timed on a GPU (docs/dynamic-shapes.md)
+    hopper_symbolic_m: bool = False
 
 
 @dataclass

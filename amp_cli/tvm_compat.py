@@ -649,6 +649,14 @@ def buffer_load_class():
     return tvm().ir.TensorLoad
 
 
+def structural_equal(a, b) -> bool:
+    """tvm_ffi.structural_equal (free variables equal only to themselves)."""
+    tvm()
+    import tvm_ffi
+
+    return bool(tvm_ffi.structural_equal(a, b))
+
+
 def structural_mutate(root, callbacks):
     """tvm_ffi.structural_mutate: typed callbacks (node, mutator) that own their recursion."""
     tvm()

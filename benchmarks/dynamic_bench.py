@@ -76,6 +76,9 @@ def parse_args(argv):
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG.yaml",
+                    help="also build the dynamic library with this config and time it beside "
+                         "the default (an A/B in one run; repeatable)")
     ap.add_argument("--workdir", default=None, help="keep the ONNX files and builds here")
     return ap.parse_args(argv)
 
@@ -178,6 +181,12 @@ def plan_builds(args, work: Path, models: dict) -> list[dict]:
         if not args.no_symbolic_only:
             builds.append(dict(model=name, kind="dynamic symbolic-only", shapes=m["dynamic"],
                                config=no_copy))
+        for spec in args.variant:
+            vname, _, cfg = spec.partition("=")
+            if not vname or not cfg:
+                raise SystemExit(f"--variant {spec!r}: expected NAME=CONFIG.yaml")
+            builds.append(dict(model=name, kind=f"dynamic {vname}", shapes=m["dynamic"],
+                               config=Path(cfg).resolve()))
     for k, b in enumerate(builds):
         b["out"] = work / f"{b['model']}_{k}"
     return builds
@@ -262,6 +271,21 @@ def summarize(rows, builds) -> list[str]:
 
         lines.append(f"{model:6} {batch:>5} {ms(st):>10} {ms(dy):>11} {ratio(dy):>6} "
                      f"{ms(sy):>12} {ratio(sy):>6}  {err(st)} / {err(dy)}")
+    variants = [b["kind"] for b in builds if b["kind"].startswith("dynamic ")
+                and b["kind"] != "dynamic symbolic-only"]
+    for kind in dict.fromkeys(variants):
+        lines.append(f"{kind} (ms, vs static / vs dynamic):")
+        for (model, batch) in sorted({(r["model"], r["batch"]) for r in rows}):
+            v = keyed.get((model, batch, kind), {})
+            st = keyed.get((model, batch, f"static b{batch}"), {})
+            dy = keyed.get((model, batch, "dynamic"), {})
+            if "p50_ms" not in v:
+                lines.append(f"  {model:6} {batch:>5} {v.get('error', '-')}")
+                continue
+            vs = [f"{v['p50_ms'] / r['p50_ms']:.2f}" if "p50_ms" in r else "-" for r in (st, dy)]
+            rel = f"{v['rel_l2']:.2g}" if v.get("rel_l2") is not None else "-"
+            lines.append(f"  {model:6} {batch:>5} {v['p50_ms']:10.3f} {vs[0]:>6} {vs[1]:>6}"
+                         f"  rel L2 {rel}")
     lines.append("build seconds (amp's own, wall in parentheses):")
     for b in builds:
         rep = b["report"]

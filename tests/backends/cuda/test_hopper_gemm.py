@@ -273,6 +273,61 @@ def test_short_k_matches_float64(m, n, k):
     assert _rel(out, ref) < 2e-3
 
 
+def symbolic_gemm(n, k, dtype="float16"):
+    """out = res + (cast(A @ B^T, fp16) + bias) over a symbolic [batch, seq] of rows: a
+    dynamic-shape BERT layer's GEMM with its residual."""
+    from tvm import te
+
+    bv, sv = tvm.tirx.Var("batch", "int64"), tvm.tirx.Var("seq", "int64")
+    a = te.placeholder((bv, sv, k), dtype, name="A")
+    b = te.placeholder((n, k), dtype, name="B")
+    bias = te.placeholder((n,), dtype, name="bias")
+    res = te.placeholder((bv, sv, n), "float32", name="res")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((bv, sv, n), lambda i, j, o: te.sum(
+        a[i, j, r].astype("float32") * b[o, r].astype("float32"), axis=r), name="C")
+    low = te.compute(c.shape, lambda *ix: c(*ix).astype(dtype) + bias[ix[-1]], name="low")
+    out = te.compute(c.shape, lambda *ix: res(*ix) + low(*ix).astype("float32"), name="out")
+    return te.create_prim_func([a, b, bias, res, out]).with_attr("global_symbol", "main")
+
+
+def test_symbolic_rows_only_when_asked():
+    """A GEMM over symbolic rows keeps amp's other schedules by default; with ``symbolic``
+    it becomes one wgmma kernel whose tile is planned at the optimum's M, and it builds for
+    sm_90a with the residual read at the output's flat index (no divisions by the symbolic
+    sequence per element)."""
+    func = symbolic_gemm(1024, 1024)
+    assert hg.hopper_func(func) == "dynamic shape"
+    made = hg.hopper_func(func, symbolic=True, dims={"batch": 8, "seq": 128})
+    assert not isinstance(made, str), made
+    assert str(made.attrs[hg.HOPPER_TILE]) == "128x64x64s6"   # M = 1024: 64 CTAs of 128 x 64
+    wide = hg.hopper_func(func, symbolic=True, dims={"batch": 32, "seq": 512})
+    assert str(wide.attrs[hg.HOPPER_TILE]).startswith("128x128")
+    src = tvm_compat.cuda_source(build(made, "sm_90a"))
+    assert "wgmma.mma_async.sync.aligned.m64n64" in src and "cp.async.bulk.tensor.2d" in src
+    kernel = src[src.find('extern "C" __global__'):]
+    assert "% ((int)seq)" not in kernel and "/ ((int)seq)" not in kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("batch,seq", [(1, 16), (1, 128), (3, 50), (8, 128), (32, 128)])
+def test_symbolic_rows_match_float64(batch, seq):
+    """One kernel for every M: the TMA descriptors' row count and the grid come from the
+    call's shape (M = 16 is below one 128-row tile, 150 is ragged)."""
+    rng = np.random.default_rng(7)
+    n, k = 1024, 1024
+    a = rng.standard_normal((batch, seq, k)).astype("float16")
+    b = (rng.standard_normal((n, k)) / np.sqrt(k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float16")
+    res = rng.standard_normal((batch, seq, n)).astype("float32")
+    c = (a.astype("float64") @ b.astype("float64").T).astype("float16") + bias
+    ref = res + c.astype("float64")
+    made = hg.hopper_func(symbolic_gemm(n, k), symbolic=True, dims={"batch": 8, "seq": 128})
+    out = _run(made, [a, b, bias, res], (batch, seq, n), "float32")
+    assert _rel(out, ref) < 2e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 def test_gelu_tanh_epilogue_matches_float64():

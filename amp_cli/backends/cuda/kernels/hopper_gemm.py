@@ -145,6 +145,24 @@ def _shape(buf) -> list:
     return [_int(s) for s in buf.ty.shape]
 
 
+def _extents(buf) -> list:
+    """A buffer's shape: ints where static, the PrimExprs of its symbolic extents."""
+    return [_int(s) if _int(s) is not None else s for s in buf.ty.shape]
+
+
+def _same_extents(x: list, y: list) -> bool:
+    return len(x) == len(y) and all(
+        a == b if isinstance(a, int) and isinstance(b, int)
+        else not isinstance(a, int) and not isinstance(b, int)
+        and tvm_compat.structural_equal(a, b)
+        for a, b in zip(x, y))
+
+
+def _int32(e):
+    """An int32 index expression of a size (symbolic sizes are int64 shape variables)."""
+    return e if isinstance(e, int) else tvm_compat.tirx().Cast("int32", e)
+
+
 def _dtype(buf) -> str:
     return str(buf.ty.dtype)
 
@@ -173,8 +191,9 @@ def _strip_cast(e, dtype):
     return e
 
 
-def match_gemm(func):
-    """A :class:`GemmMatch` for a fused NT-GEMM PrimFunc, or a string saying why not."""
+def match_gemm(func, symbolic: bool = False):
+    """A :class:`GemmMatch` for a fused NT-GEMM PrimFunc, or a string saying why not.
+    ``symbolic``: the rows (A's and the output's leading dims) may be symbolic; N and K never."""
     tvm, T = tvm_compat.tvm(), tvm_compat.tirx()
     get_root_block = tvm_compat.dlight_analysis().get_root_block
 
@@ -221,13 +240,15 @@ def match_gemm(func):
         return f"accumulator type {acc_type}"
     if not _same_vars(x.indices, spatial[:-1] + [kv]) or not _same_vars(w.indices, [spatial[-1], kv]):
         return "not an NT matmul (A[..., k] and B[n, k])"
-    shape = _shape(c)
-    if None in shape or None in _shape(a) + _shape(b):
-        return "dynamic shape"
+    shape = _extents(c)
     k = _int(mm.iter_vars[-1].dom.extent)
     n = shape[-1]
+    if None in _shape(b) or k is None or not isinstance(n, int):
+        return "dynamic N or K"
+    if not symbolic and not all(isinstance(e, int) for e in shape + _extents(a)):
+        return "dynamic shape"
     m = math.prod(shape[:-1])
-    if _shape(a) != shape[:-1] + [k] or _shape(b) != [n, k]:
+    if not _same_extents(_extents(a), shape[:-1] + [k]) or _shape(b) != [n, k]:
         return "operand shapes do not match the output"
     params = list(func.params)
 
@@ -255,7 +276,7 @@ def match_gemm(func):
         if not isinstance(ostore, T.BufferStore) or not _same_vars(ostore.indices, iters):
             return "epilogue does not store at its iterators"
         out = ostore.buffer
-        if _shape(out) != shape:
+        if not _same_extents(_extents(out), shape):
             return "epilogue output shape differs from the matmul's"
         value_expr = ostore.value
         for ld in _loads(value_expr):
@@ -273,6 +294,10 @@ def match_gemm(func):
 # The kernel
 
 
+def _is_one(e) -> bool:
+    return isinstance(e, int) and e == 1
+
+
 def _epilogue_fn(match: GemmMatch):
     """(f, views): f(acc fp32, row, col) -> the output value, from the inlined epilogue
     expression; the epilogue's other buffers (bias, residual) are read through flat int32-indexed
@@ -280,7 +305,7 @@ def _epilogue_fn(match: GemmMatch):
     aliases of int64-shaped parameters read in the device region)."""
     T = tvm_compat.tirx()
     load_cls = tvm_compat.buffer_load_class()
-    out_shape = _shape(match.out)
+    out_shape = _extents(match.out)
     c_dtype, out_dtype = _dtype(match.c), _dtype(match.out)
     views = []
 
@@ -288,17 +313,17 @@ def _epilogue_fn(match: GemmMatch):
         for view, orig in views:
             if orig.same_as(param):
                 return view
-        view = T.decl_buffer((math.prod(_shape(param)),), _dtype(param), f"{param}_flat",
+        view = T.decl_buffer((math.prod(_extents(param)),), _dtype(param), f"{param}_flat",
                              data=param.data)
         views.append((view, param))
         return view
 
     def flat_index(param, indices):
         flat, stride = None, 1
-        for ix, extent in reversed(list(zip(indices, _shape(param)))):
-            term = T.Cast("int32", ix) * stride if stride != 1 else T.Cast("int32", ix)
+        for ix, extent in reversed(list(zip(indices, _extents(param)))):
+            term = T.Cast("int32", ix) * stride if not _is_one(stride) else T.Cast("int32", ix)
             flat = term if flat is None else flat + term
-            stride *= extent
+            stride = stride * _int32(extent)
         return flat
 
     def fn(acc, row, col):
@@ -310,13 +335,18 @@ def _epilogue_fn(match: GemmMatch):
         lead = list(zip(match.iters[:-1], out_shape[:-1]))
         for pos in range(len(lead) - 1, -1, -1):
             var, extent = lead[pos]
-            subst[var] = T.Cast(str(var.ty.dtype), rest % extent if pos else rest)
-            rest = rest // extent
+            subst[var] = T.Cast(str(var.ty.dtype), rest % _int32(extent) if pos else rest)
+            rest = rest // _int32(extent)
         subst[match.iters[-1]] = T.Cast(str(match.iters[-1].ty.dtype), col)
 
         def on_load(load, mutator):
             if load.source.same_as(match.c):
                 return acc_c
+            if _same_vars(load.indices, match.iters) and \
+                    _same_extents(_extents(load.source), out_shape):
+                # a residual of the output's shape: its flat index is the output's, without
+                # splitting the row into the leading dims (divisions when they are symbolic)
+                return T.BufferLoad(view_of(load.source), [row * out_shape[-1] + col])
             indices = [mutator.mutate(ix) for ix in load.indices]
             return T.BufferLoad(view_of(load.source), [flat_index(load.source, indices)])
 
@@ -353,10 +383,13 @@ def gemm_kernel(match: GemmMatch, p: Plan):
     BN, S = p.bn, p.stages
     dt = match.in_dtype
     out_dtype = _dtype(match.out)
-    a_shape, b_shape, o_shape = _shape(match.a), _shape(match.b), _shape(match.out)
+    a_shape, b_shape, o_shape = _extents(match.a), _shape(match.b), _extents(match.out)
     KT = K // BK
     NACC = BN // 2
-    nbm, nbn = -(-M // BM), N // BN
+    static_m = isinstance(M, int)
+    # a symbolic M (int64 shape variables): the grid and the row guard from its int32 value
+    M = M if static_m else _int32(M)
+    nbm, nbn = (-(-M // BM), N // BN) if static_m else ((M + (BM - 1)) // BM, N // BN)
     A_tile, B_tile = BM * BK, BN * BK
     tx_bytes = (A_tile + B_tile) * 2
     # cuTensorMapEncodeTiled: dims (inner, outer), outer stride in bytes, box, element strides,
@@ -368,7 +401,7 @@ def gemm_kernel(match: GemmMatch, p: Plan):
     fence, fence_src = _fence_src(NACC)
     st, st_src = _store_src(out_dtype)
     epi, views = _epilogue_fn(match)
-    guard = M % BM != 0
+    guard = not static_m or M % BM != 0
 
     # fmt: off
     @T.prim_func(check_well_formed=False)
@@ -454,14 +487,25 @@ def gemm_kernel(match: GemmMatch, p: Plan):
                                        + [main.body]))
 
 
-def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K):
+# M of a symbolic GEMM for planning its tile when the ranges' optima do not give it
+SYMBOLIC_M_GUESS = 1024
+
+
+def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool = False,
+                dims: dict | None = None):
     """``func`` rewritten as a Hopper GEMM kernel with the same parameters, or a string saying
-    why not."""
+    why not. ``symbolic``: GEMMs whose rows are symbolic too (one kernel for every M: the TMA
+    descriptors are encoded per call from the runtime M, the grid is M's row blocks, the
+    stores are guarded), the tile planned for M at ``dims`` ({dim: optimum})."""
     T = tvm_compat.tirx()
-    match = match_gemm(func)
+    match = match_gemm(func, symbolic)
     if isinstance(match, str):
         return match
-    p = plan(match.m, match.n, match.k, sms, min_k)
+    m_plan = match.m
+    if not isinstance(m_plan, int):
+        m_plan = tvm_compat.size_upper_bound(match.m, dims or {})
+        m_plan = m_plan if isinstance(m_plan, int) and m_plan >= 1 else SYMBOLIC_M_GUESS
+    p = plan(max(m_plan, BM), match.n, match.k, sms, min_k)
     if isinstance(p, str):
         return p
     kernel = gemm_kernel(match, p)
@@ -478,9 +522,11 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K):
     return T.PrimFunc(params, kernel.body).with_attrs(attrs)
 
 
-def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K):
+def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
+                     symbolic: bool = False, dims: dict | None = None):
     """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
-    (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``."""
+    (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``
+    (``symbolic``, ``dims``: :func:`hopper_func`)."""
     tvm = tvm_compat.tvm()
     sms = sm_count(arch_sm(target))
 
@@ -490,7 +536,7 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K):
         for gv, f in mod.functions_items():
             if not isinstance(f, tvm_compat.prim_func_class()):
                 continue
-            made = hopper_func(f, sms, min_k)
+            made = hopper_func(f, sms, min_k, symbolic, dims)
             if not isinstance(made, str):
                 updates[gv] = made
         if stats is not None and updates:
@@ -500,9 +546,11 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K):
     return _pass
 
 
-@register("hopper_gemm", "tir", 10, switch="hopper_gemm", reads=("hopper_min_k",),
+@register("hopper_gemm", "tir", 10, switch="hopper_gemm",
+          reads=("hopper_min_k", "hopper_symbolic_m"),
           labels={"hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"})
 def make_pass(ctx):
     if not enabled_for(ctx.target):
         return None
-    return hopper_gemm_pass(ctx.target, ctx.stats, ctx.cuda.hopper_min_k)
+    return hopper_gemm_pass(ctx.target, ctx.stats, ctx.cuda.hopper_min_k,
+                            ctx.cuda.hopper_symbolic_m, ctx.dims)
