@@ -18,11 +18,12 @@ instructions. This module writes one such kernel per GEMM:
   GELU, residual add, casts: whatever FuseOps put there) is inlined into one expression of the
   matmul value and transplanted, element by element, then stored two columns at a time.
 
-Which GEMMs (``match_gemm``): a fused PrimFunc whose first block is an NT matmul (A [..., K] with
-K contiguous, B [N, K], fp16/bf16, fp32 or same-type accumulation; ``matmul_nt`` produces these)
-followed only by spatial blocks that end in one output of the matmul's shape. Sizes
-(``plan``): N a multiple of 64, K a multiple of 64 in ``MIN_K..MAX_K``, M >= 128. Everything else keeps
-amp's other schedules. Needs sm_90 and compiles for ``sm_90a`` (``build_target``).
+Which GEMMs (``hopper_match.match_gemm``): a fused PrimFunc whose first block is an NT matmul
+(A [..., K] with K contiguous, B [N, K], fp16/bf16, fp32 or same-type accumulation;
+``matmul_nt`` produces these) followed only by spatial blocks that end in one output of the
+matmul's shape. Sizes (``plan``): N a multiple of 64, K a multiple of 64 in
+``cuda.hopper_min_k``..``MAX_K``, M >= 128; with ``cuda.hopper_symbolic_m`` also symbolic M (one
+kernel for every M, planned at the optimum's). Everything else keeps amp's other schedules. Needs sm_90 and compiles for ``sm_90a`` (``build_target``).
 
 The kernels carry ``amp.tirx`` and go through TVM's TIRx lowering (``legalize.pipeline`` routes
 them); ``tirx.is_scheduled`` keeps dlight off them.
@@ -44,6 +45,8 @@ from ....hardware import arch_sm, sm_count
 from ....ir_attrs import HOPPER_TILE, IS_SCHEDULED, OP_PATTERN, TIRX_KERNEL
 from ..functions import replace_functions
 from ..registry import register
+from .hopper_match import (IN_TYPES, PAIR_TYPES, GemmMatch, as_int32, dtype_of, extents,
+                           match_gemm, same_extents, same_vars, static_extents)
 
 BM, BK = 128, 64        # rows per CTA (two m64 warpgroups), K per stage (128 bytes of fp16)
 BNS = (192, 128, 64)     # 256 wide: same speed as 128 on N=4096, but its epilogue spills registers
@@ -53,11 +56,6 @@ SMEM_BUDGET = 200 * 1024
 MAX_STAGES = 6
 MIN_SM, MAX_SM = 90, 90  # sm_90a instructions (wgmma): Hopper only
 HOPPER_SMS = sm_count(90)  # H100/H200
-IN_TYPES = {"float16": "f16", "bfloat16": "bf16"}
-# output dtype -> (CUDA element type, two-element vector type, its constructor) for paired stores
-PAIR_TYPES = {"float16": ("half", "half2", "make_half2"),
-              "bfloat16": ("nv_bfloat16", "nv_bfloat162", "make_bfloat162"),
-              "float32": ("float", "float2", "make_float2")}
 
 
 @dataclass(frozen=True)
@@ -119,178 +117,6 @@ def enabled_for(target) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Matching a fused GEMM PrimFunc
-
-
-@dataclass
-class GemmMatch:
-    a: object          # buffers of the original function
-    b: object
-    out: object
-    c: object          # the matmul's result buffer (an intermediate, or ``out``)
-    m: int
-    n: int
-    k: int
-    in_dtype: str
-    value: object      # the output block's stored value (after inlining the epilogue)
-    iters: list        # the output block's iter vars, in output-index order
-
-
-def _int(e):
-    return int(e.value) if hasattr(e, "value") else None
-
-
-def _shape(buf) -> list:
-    """Static shape of a buffer (0.27: a buffer-typed Var), None for dynamic extents."""
-    return [_int(s) for s in buf.ty.shape]
-
-
-def _extents(buf) -> list:
-    """A buffer's shape: ints where static, the PrimExprs of its symbolic extents."""
-    return [_int(s) if _int(s) is not None else s for s in buf.ty.shape]
-
-
-def _same_extents(x: list, y: list) -> bool:
-    return len(x) == len(y) and all(
-        a == b if isinstance(a, int) and isinstance(b, int)
-        else not isinstance(a, int) and not isinstance(b, int)
-        and tvm_compat.structural_equal(a, b)
-        for a, b in zip(x, y))
-
-
-def _int32(e):
-    """An int32 index expression of a size (symbolic sizes are int64 shape variables)."""
-    return e if isinstance(e, int) else tvm_compat.tirx().Cast("int32", e)
-
-
-def _dtype(buf) -> str:
-    return str(buf.ty.dtype)
-
-
-def _loads(expr):
-    found = []
-    load_cls = tvm_compat.buffer_load_class()
-
-    def on_load(load, mutator):
-        found.append(load)
-        return mutator.default_mutate(load)
-
-    tvm_compat.structural_mutate(expr, [(load_cls, on_load)])
-    return found
-
-
-def _same_vars(indices, vars_) -> bool:
-    return len(indices) == len(vars_) and all(
-        hasattr(i, "same_as") and i.same_as(v) for i, v in zip(indices, vars_))
-
-
-def _strip_cast(e, dtype):
-    T = tvm_compat.tirx()
-    if isinstance(e, T.Cast) and str(e.ty.dtype) == dtype:
-        return e.value
-    return e
-
-
-def match_gemm(func, symbolic: bool = False):
-    """A :class:`GemmMatch` for a fused NT-GEMM PrimFunc, or a string saying why not.
-    ``symbolic``: the rows (A's and the output's leading dims) may be symbolic; N and K never."""
-    tvm, T = tvm_compat.tvm(), tvm_compat.tirx()
-    get_root_block = tvm_compat.dlight_analysis().get_root_block
-
-    if func.attrs and (func.attrs.get(IS_SCHEDULED) or func.attrs.get(TIRX_KERNEL)):
-        return "already scheduled"
-    try:
-        sch = tvm.s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(get_root_block(sch))
-    except Exception as exc:  # noqa: BLE001 - not a block-structured PrimFunc
-        return f"no blocks ({type(exc).__name__})"
-    if len(blocks) < 1:
-        return "no blocks"
-    mm = sch.get(blocks[0])
-    kinds = [iv.iter_type for iv in mm.iter_vars]
-    spatial = [iv.var for iv in mm.iter_vars if iv.iter_type == 0]
-    reduce_ = [iv.var for iv in mm.iter_vars if iv.iter_type == 2]
-    if len(reduce_) != 1 or kinds[-1] != 2 or len(spatial) < 2:
-        return "first block is not a matmul with one reduction axis last"
-    kv = reduce_[0]
-    store = mm.body
-    if not isinstance(store, T.BufferStore) or not _same_vars(store.indices, spatial):
-        return "matmul does not store at its spatial iterators"
-    c = store.buffer
-    if mm.init is None or not isinstance(mm.init, T.BufferStore) or _int(mm.init.value) != 0:
-        return "matmul init is not zero"
-    acc_type = _dtype(c)
-    value = store.value
-    if not isinstance(value, T.Add):
-        return "matmul update is not an add"
-    lhs, rhs = value.a, value.b
-    load_cls = tvm_compat.buffer_load_class()
-    if not (isinstance(lhs, load_cls) and lhs.source.same_as(c)):
-        return "matmul update does not read its accumulator"
-    if not isinstance(rhs, T.Mul):
-        return "matmul update is not a product"
-    x, w = _strip_cast(rhs.a, acc_type), _strip_cast(rhs.b, acc_type)
-    if not (isinstance(x, load_cls) and isinstance(w, load_cls)):
-        return "matmul operands are not plain loads"
-    a, b = x.source, w.source
-    in_dtype = _dtype(a)
-    if in_dtype not in IN_TYPES or _dtype(b) != in_dtype:
-        return f"operand types {_dtype(a)}/{_dtype(b)}"
-    if acc_type not in ("float32", in_dtype):
-        return f"accumulator type {acc_type}"
-    if not _same_vars(x.indices, spatial[:-1] + [kv]) or not _same_vars(w.indices, [spatial[-1], kv]):
-        return "not an NT matmul (A[..., k] and B[n, k])"
-    shape = _extents(c)
-    k = _int(mm.iter_vars[-1].dom.extent)
-    n = shape[-1]
-    if None in _shape(b) or k is None or not isinstance(n, int):
-        return "dynamic N or K"
-    if not symbolic and not all(isinstance(e, int) for e in shape + _extents(a)):
-        return "dynamic shape"
-    m = math.prod(shape[:-1])
-    if not _same_extents(_extents(a), shape[:-1] + [k]) or _shape(b) != [n, k]:
-        return "operand shapes do not match the output"
-    params = list(func.params)
-
-    def is_param(v):
-        return any(v.same_as(p) for p in params)
-    # The tail: spatial blocks of the output's shape; all but the last get inlined into it.
-    for blk in blocks[1:]:
-        if any(iv.iter_type != 0 for iv in sch.get(blk).iter_vars):
-            return "a non-spatial block after the matmul"
-    try:
-        for blk in blocks[1:-1]:
-            sch.compute_inline(blk)
-    except Exception as exc:  # noqa: BLE001
-        return f"epilogue does not inline ({type(exc).__name__})"
-    remaining = sch.get_child_blocks(get_root_block(sch))
-    if len(remaining) > 2:
-        return "epilogue did not inline into one block"
-    last = sch.get(remaining[-1])
-    if len(blocks) == 1:
-        out, iters = c, spatial
-        value_expr = None
-    else:
-        ostore = last.body
-        iters = [iv.var for iv in last.iter_vars]
-        if not isinstance(ostore, T.BufferStore) or not _same_vars(ostore.indices, iters):
-            return "epilogue does not store at its iterators"
-        out = ostore.buffer
-        if not _same_extents(_extents(out), shape):
-            return "epilogue output shape differs from the matmul's"
-        value_expr = ostore.value
-        for ld in _loads(value_expr):
-            if ld.source.same_as(c):
-                if not _same_vars(ld.indices, iters):
-                    return "epilogue reads the matmul at other indices"
-            elif not is_param(ld.source) or any(ld.source.same_as(v) for v in (a, b, out)):
-                return f"epilogue reads {ld.source}"
-    if not is_param(out) or _dtype(out) not in PAIR_TYPES:
-        return "output is not a float parameter"
-    return GemmMatch(a, b, out, c, m, n, k, in_dtype, value_expr, iters)
-
-
-# ---------------------------------------------------------------------------------------------
 # The kernel
 
 
@@ -305,25 +131,25 @@ def _epilogue_fn(match: GemmMatch):
     aliases of int64-shaped parameters read in the device region)."""
     T = tvm_compat.tirx()
     load_cls = tvm_compat.buffer_load_class()
-    out_shape = _extents(match.out)
-    c_dtype, out_dtype = _dtype(match.c), _dtype(match.out)
+    out_shape = extents(match.out)
+    c_dtype, out_dtype = dtype_of(match.c), dtype_of(match.out)
     views = []
 
     def view_of(param):
         for view, orig in views:
             if orig.same_as(param):
                 return view
-        view = T.decl_buffer((math.prod(_extents(param)),), _dtype(param), f"{param}_flat",
+        view = T.decl_buffer((math.prod(extents(param)),), dtype_of(param), f"{param}_flat",
                              data=param.data)
         views.append((view, param))
         return view
 
     def flat_index(param, indices):
         flat, stride = None, 1
-        for ix, extent in reversed(list(zip(indices, _extents(param)))):
+        for ix, extent in reversed(list(zip(indices, extents(param)))):
             term = T.Cast("int32", ix) * stride if not _is_one(stride) else T.Cast("int32", ix)
             flat = term if flat is None else flat + term
-            stride = stride * _int32(extent)
+            stride = stride * as_int32(extent)
         return flat
 
     def fn(acc, row, col):
@@ -335,15 +161,15 @@ def _epilogue_fn(match: GemmMatch):
         lead = list(zip(match.iters[:-1], out_shape[:-1]))
         for pos in range(len(lead) - 1, -1, -1):
             var, extent = lead[pos]
-            subst[var] = T.Cast(str(var.ty.dtype), rest % _int32(extent) if pos else rest)
-            rest = rest // _int32(extent)
+            subst[var] = T.Cast(str(var.ty.dtype), rest % as_int32(extent) if pos else rest)
+            rest = rest // as_int32(extent)
         subst[match.iters[-1]] = T.Cast(str(match.iters[-1].ty.dtype), col)
 
         def on_load(load, mutator):
             if load.source.same_as(match.c):
                 return acc_c
-            if _same_vars(load.indices, match.iters) and \
-                    _same_extents(_extents(load.source), out_shape):
+            if same_vars(load.indices, match.iters) and \
+                    same_extents(extents(load.source), out_shape):
                 # a residual of the output's shape: its flat index is the output's, without
                 # splitting the row into the leading dims (divisions when they are symbolic)
                 return T.BufferLoad(view_of(load.source), [row * out_shape[-1] + col])
@@ -382,13 +208,13 @@ def gemm_kernel(match: GemmMatch, p: Plan):
     M, N, K = match.m, match.n, match.k
     BN, S = p.bn, p.stages
     dt = match.in_dtype
-    out_dtype = _dtype(match.out)
-    a_shape, b_shape, o_shape = _extents(match.a), _shape(match.b), _extents(match.out)
+    out_dtype = dtype_of(match.out)
+    a_shape, b_shape, o_shape = extents(match.a), static_extents(match.b), extents(match.out)
     KT = K // BK
     NACC = BN // 2
     static_m = isinstance(M, int)
     # a symbolic M (int64 shape variables): the grid and the row guard from its int32 value
-    M = M if static_m else _int32(M)
+    M = M if static_m else as_int32(M)
     nbm, nbn = (-(-M // BM), N // BN) if static_m else ((M + (BM - 1)) // BM, N // BN)
     A_tile, B_tile = BM * BK, BN * BK
     tx_bytes = (A_tile + B_tile) * 2
