@@ -88,6 +88,12 @@ def test_plan_takes_shorter_k_when_asked():
     assert "multiple of 64" in hg.plan(1568, 384, 96, min_k=64)
 
 
+def test_static_m_below_one_tile_is_declined():
+    """Only a symbolic M may run below one 128-row tile (its optimum says nothing about the
+    smallest call); a static one keeps amp's other schedules."""
+    assert "below" in hg.hopper_func(gemm(64, 256, 512, bias=True))
+
+
 def test_min_k_reaches_the_pass():
     """``cuda.hopper_min_k`` from the config reaches the registered Hopper pass: a K = 256
     GEMM becomes a wgmma kernel with it at 256 and keeps its schedule by default."""

@@ -328,10 +328,10 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
     if isinstance(match, str):
         return match
     m_plan = match.m
-    if not isinstance(m_plan, int):
+    if not isinstance(m_plan, int):  # one kernel for every M: any M >= 1 runs (guarded)
         m_plan = tvm_compat.size_upper_bound(match.m, dims or {})
-        m_plan = m_plan if isinstance(m_plan, int) and m_plan >= 1 else SYMBOLIC_M_GUESS
-    p = plan(max(m_plan, BM), match.n, match.k, sms, min_k)
+        m_plan = max(m_plan if isinstance(m_plan, int) else SYMBOLIC_M_GUESS, BM)
+    p = plan(m_plan, match.n, match.k, sms, min_k)
     if isinstance(p, str):
         return p
     kernel = gemm_kernel(match, p)
