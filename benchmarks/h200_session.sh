@@ -15,6 +15,7 @@
 #   bash benchmarks/h200_session.sh tune 1|2   # issue 21: amp tune on TUNE_MODEL (yolo_head), then
 #        its tuned build timed beside the default and torch.compile
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
+#   bash benchmarks/h200_session.sh quick      # the newest mechanisms' GPU tests and A/Bs, one call
 #   bash benchmarks/h200_session.sh corpus NAMES [NAMES...]  # issue 20: corpus rows on cuda
 #        (fp16,bf16; each NAMES group exported and run in parallel with the others)
 #
@@ -92,6 +93,27 @@ case "$step" in
       --variant "efficientnet_b0.dynamo:short-k=$V/hopper-short-k.yaml" \
       --variant "whisper_encoder.dynamo:mma-wide=$V/mma-attention-wide.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
+    ;;
+  quick)
+    # one call when the device budget allows only one: the Hopper GEMMs' new GPU value tests
+    # (short K, symbolic rows), BERT's dynamic library with and without the symbolic-row
+    # Hopper kernels beside static builds at batch 1/8/32, and the short-K A/B on two CNNs
+    # (no per-kernel profiles)
+    par=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
+    timeout 90 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
+      --junitxml="$OUT/quick_tests.xml" tests/backends/cuda/test_hopper_gemm.py \
+      -k "short_k or symbolic" 2>&1 | tail -6
+    timeout 290 "$PY" benchmarks/dynamic_bench.py --models bert --batches 1,8,32 \
+      --no-symbolic-only --jobs 5 --repeat 30 --warmup 5 --json "$OUT/dynamic_bench.json" \
+      --variant hopper-symbolic=benchmarks/variants/hopper-symbolic.yaml 2>&1 \
+      | tee "$OUT/dynamic_bench.log" | tail -16
+    V=benchmarks/variants
+    timeout 190 "$PY" benchmarks/gpu_suite.py --models '' --corpus convnext_tiny,resnet50 \
+      --torch-modes reduce-overhead --amp-precisions fp16 --jobs 8 --no-profile \
+      --budget-s 150 --json "$OUT/quick_suite.json" \
+      --variant "convnext_tiny.dynamo:short-k=$V/hopper-short-k.yaml" \
+      --variant "resnet50.dynamo:short-k=$V/hopper-short-k.yaml" 2>&1 \
+      | tee "$OUT/quick_suite.log" | tail -14
     ;;
   tune)
     # issue 21's `amp tune` evidence, in two calls (each under the 10-minute limit):
