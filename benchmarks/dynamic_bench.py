@@ -75,7 +75,8 @@ def parse_args(argv):
                          "cuda:sm_90 generates the CUDA code on the CPU)")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None,
+                    help="where the results go [default: $OUT or the work folder]")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG.yaml",
                     help="also build the dynamic library with this config and time it beside "
                          "the default (an A/B in one run; repeatable)")
@@ -351,7 +352,7 @@ def main(argv=None) -> int:
     lines = build_table(builds) if args.build_only else summarize(rows, builds)
     print("\n".join(lines))
     out = Path(args.json) if args.json else \
-        Path(os.environ.get("OUT") or ".") / "dynamic_bench.json"
+        Path(os.environ.get("OUT") or work) / "dynamic_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "target": target_text, "args": vars(args), "rows": rows,
