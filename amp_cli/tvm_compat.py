@@ -608,6 +608,16 @@ def size_value(x):
     return int(value) if isinstance(value, int) else x
 
 
+def index32(x):
+    """A size as kernels compute addresses with it: a Python int as is, a symbolic size (int64,
+    as Relax's shape variables are) as an int32 expression (callers check that their tensors
+    have fewer than 2**31 elements)."""
+    x = size_value(x)
+    if isinstance(x, int):
+        return x
+    return x if str(x.ty) == "int32" else tvm().tirx.Cast("int32", x)
+
+
 def prove_equal(a, b) -> bool:
     """Sizes ``a`` and ``b`` (ints or PrimExprs over shape variables) are equal for every value
     of their variables."""
@@ -647,14 +657,6 @@ def buffer_load_class():
     """The class of TIR buffer loads (0.27: ``tvm.ir.TensorLoad``; ``tirx.BufferLoad`` is only a
     constructor function). Its ``source`` is the buffer (a buffer-typed Var)."""
     return tvm().ir.TensorLoad
-
-
-def structural_equal(a, b) -> bool:
-    """tvm_ffi.structural_equal (free variables equal only to themselves)."""
-    tvm()
-    import tvm_ffi
-
-    return bool(tvm_ffi.structural_equal(a, b))
 
 
 def structural_mutate(root, callbacks):

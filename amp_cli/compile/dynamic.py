@@ -82,9 +82,10 @@ def capture_note(ranges: dict, specialize: bool) -> str:
         return ("CUDA graphs: only the regions whose shapes do not depend on the dynamic dims "
                 "are captured (no copy at the optimum shape)")
     head = "CUDA graphs: the copy at the optimum shape runs as one captured graph; "
-    if shape_count(ranges) <= MAX_CAPTURED_SHAPES:
+    count = shape_count(ranges)
+    if count <= MAX_CAPTURED_SHAPES:
         return head + (f"every other shape is captured at its first call (the ranges hold "
-                       f"{shape_count(ranges)} shapes)")
+                       f"{count} shapes)")
     grid = capture_grid(ranges)
     if grid is None:
         return head + "other shapes launch their kernels one by one"

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from .... import tvm_compat
 
+# M of a symbolic GEMM when the ranges' optima do not give it: a few waves of mid-size tiles
+SYMBOLIC_M_GUESS = 1024
+
+
+def size_at_optimum(size, dims: dict | None, guess: int) -> int:
+    """A symbolic size's value at the ranges' optima (``dims``: {dim: optimum}), else
+    ``guess``: what a kernel serving every size plans its tile for."""
+    value = tvm_compat.size_upper_bound(size, dims or {})
+    return value if isinstance(value, int) and value >= 1 else guess
+
 
 def gemm_shape(func, symbolic: bool = False):
     """(dtype_in, dtype_out, batch, [M, N, K]) of a matmul-like PrimFunc, static extents as ints

@@ -82,27 +82,15 @@ class Mask:
     scale: float = 1.0
 
 
-def index32(x):
-    """``x`` as the kernels compute addresses: a Python int as is, a symbolic size (int64, as
-    Relax's shape variables are) as an int32 expression. Every tensor an attention kernel reads
-    has fewer than 2**31 elements (``attention_fits_int32``)."""
-    if isinstance(x, int):
-        return x
-    value = getattr(x, "value", None)
-    if isinstance(value, int):
-        return value
-    tvm = tvm_compat.tvm()
-    return x if str(x.ty) == "int32" else tvm.tirx.Cast("int32", x)
-
-
 def addresses(q: Operand, k: Operand, v: Operand, out: Operand, mask: Mask | None):
-    """What the attention kernels' index arithmetic reads, through :func:`index32`: the (b, h,
-    s) strides of q, k, v and out, their offsets, and for a mask its (b, h, query, key) strides
-    and offset (None without one)."""
-    strides = tuple(tuple(index32(x) for x in o.strides) for o in (q, k, v, out))
-    offsets = tuple(index32(o.offset) for o in (q, k, v, out))
-    at = None if mask is None else (tuple(index32(x) for x in mask.strides),
-                                    index32(mask.offset))
+    """What the attention kernels' index arithmetic reads, as int32 (``tvm_compat.index32``:
+    every tensor an attention kernel reads has fewer than 2**31 elements,
+    ``attention_fits_int32``): the (b, h, s) strides of q, k, v and out, their offsets, and for a
+    mask its (b, h, query, key) strides and offset (None without one)."""
+    strides = tuple(tuple(tvm_compat.index32(x) for x in o.strides) for o in (q, k, v, out))
+    offsets = tuple(tvm_compat.index32(o.offset) for o in (q, k, v, out))
+    at = None if mask is None else (tuple(tvm_compat.index32(x) for x in mask.strides),
+                                    tvm_compat.index32(mask.offset))
     return strides, offsets, at
 
 

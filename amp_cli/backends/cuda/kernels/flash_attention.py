@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from .... import tvm_compat
 from .attention import BLOCK_Q, FRAG, PAD_F, PAD_H, VEC, WARPS, Mask, Operand, addresses, \
-    index32, kernel_signature, row_loader, smem_exceeded
+    kernel_signature, row_loader, smem_exceeded
 
 BLOCK_K = 64  # keys per tile
 
@@ -56,7 +56,7 @@ def flash_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     T = tvm_compat.tvmscript_tir()
     DT = dtype
 
-    i32 = index32
+    i32 = tvm_compat.index32
     B, H, SEQ, D = i32(batch), heads, i32(seq), head_dim
     NQB = (SEQ + BLOCK_Q - 1) // BLOCK_Q   # query blocks
     NT = (SEQ + BLOCK_K - 1) // BLOCK_K    # key tiles

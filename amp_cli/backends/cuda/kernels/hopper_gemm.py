@@ -22,8 +22,9 @@ Which GEMMs (``hopper_match.match_gemm``): a fused PrimFunc whose first block is
 (A [..., K] with K contiguous, B [N, K], fp16/bf16, fp32 or same-type accumulation;
 ``matmul_nt`` produces these) followed only by spatial blocks that end in one output of the
 matmul's shape. Sizes (``plan``): N a multiple of 64, K a multiple of 64 in
-``cuda.hopper_min_k``..``MAX_K``, M >= 128; with ``cuda.hopper_symbolic_m`` also symbolic M (one
-kernel for every M, planned at the optimum's). Everything else keeps amp's other schedules. Needs sm_90 and compiles for ``sm_90a`` (``build_target``).
+``cuda.hopper_min_k``..``MAX_K``, M >= 128; with ``cuda.hopper_symbolic_m`` also symbolic M
+(one kernel for every M, planned at the optimum's). Everything else keeps amp's other
+schedules. Needs sm_90 and compiles for ``sm_90a`` (``build_target``).
 
 The kernels carry ``amp.tirx`` and go through TVM's TIRx lowering (``legalize.pipeline`` routes
 them); ``tirx.is_scheduled`` keeps dlight off them.
@@ -45,8 +46,9 @@ from ....hardware import arch_sm, sm_count
 from ....ir_attrs import HOPPER_TILE, IS_SCHEDULED, OP_PATTERN, TIRX_KERNEL
 from ..functions import replace_functions
 from ..registry import register
-from .hopper_match import (IN_TYPES, PAIR_TYPES, GemmMatch, as_int32, dtype_of, extents,
-                           match_gemm, same_extents, same_vars, static_extents)
+from .analysis import SYMBOLIC_M_GUESS, size_at_optimum
+from .hopper_match import (IN_TYPES, PAIR_TYPES, GemmMatch, dtype_of, extents, match_gemm,
+                           same_extents, same_vars, static_extents)
 
 BM, BK = 128, 64        # rows per CTA (two m64 warpgroups), K per stage (128 bytes of fp16)
 BNS = (192, 128, 64)     # 256 wide: same speed as 128 on N=4096, but its epilogue spills registers
@@ -149,7 +151,7 @@ def _epilogue_fn(match: GemmMatch):
         for ix, extent in reversed(list(zip(indices, extents(param)))):
             term = T.Cast("int32", ix) * stride if not _is_one(stride) else T.Cast("int32", ix)
             flat = term if flat is None else flat + term
-            stride = stride * as_int32(extent)
+            stride = stride * tvm_compat.index32(extent)
         return flat
 
     def fn(acc, row, col):
@@ -161,8 +163,9 @@ def _epilogue_fn(match: GemmMatch):
         lead = list(zip(match.iters[:-1], out_shape[:-1]))
         for pos in range(len(lead) - 1, -1, -1):
             var, extent = lead[pos]
-            subst[var] = T.Cast(str(var.ty.dtype), rest % as_int32(extent) if pos else rest)
-            rest = rest // as_int32(extent)
+            size = tvm_compat.index32(extent)
+            subst[var] = T.Cast(str(var.ty.dtype), rest % size if pos else rest)
+            rest = rest // size
         subst[match.iters[-1]] = T.Cast(str(match.iters[-1].ty.dtype), col)
 
         def on_load(load, mutator):
@@ -213,9 +216,8 @@ def gemm_kernel(match: GemmMatch, p: Plan):
     KT = K // BK
     NACC = BN // 2
     static_m = isinstance(M, int)
-    # a symbolic M (int64 shape variables): the grid and the row guard from its int32 value
-    M = M if static_m else as_int32(M)
-    nbm, nbn = (-(-M // BM), N // BN) if static_m else ((M + (BM - 1)) // BM, N // BN)
+    M = tvm_compat.index32(M)  # a symbolic M (int64): the grid and the row guard in int32
+    nbm, nbn = (M + (BM - 1)) // BM, N // BN
     A_tile, B_tile = BM * BK, BN * BK
     tx_bytes = (A_tile + B_tile) * 2
     # cuTensorMapEncodeTiled: dims (inner, outer), outer stride in bytes, box, element strides,
@@ -313,10 +315,6 @@ def gemm_kernel(match: GemmMatch, p: Plan):
                                        + [main.body]))
 
 
-# M of a symbolic GEMM for planning its tile when the ranges' optima do not give it
-SYMBOLIC_M_GUESS = 1024
-
-
 def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool = False,
                 dims: dict | None = None):
     """``func`` rewritten as a Hopper GEMM kernel with the same parameters, or a string saying
@@ -329,8 +327,7 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
         return match
     m_plan = match.m
     if not isinstance(m_plan, int):  # one kernel for every M: any M >= 1 runs (guarded)
-        m_plan = tvm_compat.size_upper_bound(match.m, dims or {})
-        m_plan = max(m_plan if isinstance(m_plan, int) else SYMBOLIC_M_GUESS, BM)
+        m_plan = max(size_at_optimum(match.m, dims, SYMBOLIC_M_GUESS), BM)
     p = plan(m_plan, match.n, match.k, sms, min_k)
     if isinstance(p, str):
         return p

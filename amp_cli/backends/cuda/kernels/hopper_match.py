@@ -43,20 +43,12 @@ def static_extents(buf) -> list:
 
 def extents(buf) -> list:
     """A buffer's shape: ints where static, the PrimExprs of its symbolic extents."""
-    return [int_value(s) if int_value(s) is not None else s for s in buf.ty.shape]
+    return [tvm_compat.size_value(s) for s in buf.ty.shape]
 
 
 def same_extents(x: list, y: list) -> bool:
-    return len(x) == len(y) and all(
-        a == b if isinstance(a, int) and isinstance(b, int)
-        else not isinstance(a, int) and not isinstance(b, int)
-        and tvm_compat.structural_equal(a, b)
-        for a, b in zip(x, y))
-
-
-def as_int32(e):
-    """An int32 index expression of a size (symbolic sizes are int64 shape variables)."""
-    return e if isinstance(e, int) else tvm_compat.tirx().Cast("int32", e)
+    """Two shapes equal for every value of their shape variables."""
+    return len(x) == len(y) and all(tvm_compat.prove_equal(a, b) for a, b in zip(x, y))
 
 
 def dtype_of(buf) -> str:

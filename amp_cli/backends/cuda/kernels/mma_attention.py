@@ -36,7 +36,7 @@ any sequence length (symbolic too: the guards are always on then), operands thro
 from __future__ import annotations
 
 from .... import tvm_compat
-from .attention import BLOCK_Q, FRAG, PAD_H, VEC, WARPS, Mask, Operand, addresses, index32, \
+from .attention import BLOCK_Q, FRAG, PAD_H, VEC, WARPS, Mask, Operand, addresses, \
     kernel_signature, row_loader, smem_exceeded
 
 BLOCK_K = 64         # keys per tile
@@ -84,7 +84,7 @@ def mma_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: f
     DT = dtype
     ptx = {"float16": "fp16", "bfloat16": "bf16"}[str(DT)]
 
-    i32 = index32
+    i32 = tvm_compat.index32
     B, H, SEQ, D = i32(batch), heads, i32(seq), head_dim
     NQB = (SEQ + BQ - 1) // BQ        # query blocks
     NT = (SEQ + BLOCK_K - 1) // BLOCK_K    # key tiles

@@ -313,8 +313,8 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None,
         implicit_count.append(is_implicit)
         return new
 
-    # The rewrite leaves reshapes/pads of weights numpy could not fold (bf16): fold them before
-    # dead code goes, so the GEMM's B operand is a plain constant before FuseOps groups kernels.
+    # The rewrite leaves reshapes/pads of weights numpy could not fold (bf16): folded here, so
+    # the GEMM's B operand is a plain constant before FuseOps groups kernels.
     new, count = rewrite_calls(mod, rewrite, cleanup=relax.transform.FoldConstant())
     add_counts(stats, convs_as_gemm=count, implicit_gemm_convs=sum(implicit_count))
     return new

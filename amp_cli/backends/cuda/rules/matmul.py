@@ -28,7 +28,7 @@ import functools
 from .... import tvm_compat
 from ....hardware import arch_sm
 from ..kernels import small_gemm, tc_gemm
-from ..kernels.analysis import gemm_shape
+from ..kernels.analysis import SYMBOLIC_M_GUESS, gemm_shape, size_at_optimum
 from ..kernels.intrinsics import bf16_intrinsics
 from ..registry import register
 
@@ -103,8 +103,6 @@ def _make_rule():
     return AmpMatmul
 
 
-# M of a symbolic GEMM when the ranges' optima do not give it: a few waves of mid-size tiles
-SYMBOLIC_M_GUESS = 1024
 # the batch of a batched GEMM over a symbolic batch when the optima do not give it
 SYMBOLIC_BATCH_GUESS = 8
 # tile variants are chosen over sizes up to this (a range's max may be huge; the largest tile
@@ -125,15 +123,12 @@ def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None,
         return None
     symbolic = gemm_shape(func, symbolic=True) if None in (batch, sizes[0]) else None
 
-    def at_optimum(size, guess):
-        """A symbolic size's value at the ranges' optima (``dims``), else ``guess``."""
-        value = tvm_compat.size_upper_bound(size, dims or {}) if symbolic else None
-        return value if isinstance(value, int) and value >= 1 else guess
-
-    m_at = sizes[0] if sizes[0] is not None else at_optimum(symbolic[3][0], SYMBOLIC_M_GUESS)
+    m_at = sizes[0] if sizes[0] is not None else \
+        size_at_optimum(symbolic[3][0], dims, SYMBOLIC_M_GUESS)
     # a symbolic batch (the images of a conv over a dynamic batch): one grid row per batch
     # entry, the tile chosen for the batch at its optimum
-    batch_at = batch if batch is not None else at_optimum(symbolic[2], SYMBOLIC_BATCH_GUESS)
+    batch_at = batch if batch is not None else \
+        size_at_optimum(symbolic[2], dims, SYMBOLIC_BATCH_GUESS)
     acc = "float16" if out_dtype == "float16" else "float32"
     variants = _variants(symbolic, batch, sizes, sm, ranges, acc) if symbolic else []
     if len(variants) > 1:
