@@ -103,17 +103,11 @@ case "$step" in
     timeout 90 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
       --junitxml="$OUT/quick_tests.xml" tests/backends/cuda/test_hopper_gemm.py \
       -k "short_k or symbolic" 2>&1 | tail -6
-    timeout 290 "$PY" benchmarks/dynamic_bench.py --models bert --batches 1,8,32 \
-      --no-symbolic-only --jobs 5 --repeat 30 --warmup 5 --json "$OUT/dynamic_bench.json" \
-      --variant hopper-symbolic=benchmarks/variants/hopper-symbolic.yaml 2>&1 \
-      | tee "$OUT/dynamic_bench.log" | tail -16
-    V=benchmarks/variants
-    timeout 190 "$PY" benchmarks/gpu_suite.py --models '' --corpus convnext_tiny,resnet50 \
-      --torch-modes reduce-overhead --amp-precisions fp16 --jobs 8 --no-profile \
-      --budget-s 150 --json "$OUT/quick_suite.json" \
-      --variant "convnext_tiny.dynamo:short-k=$V/hopper-short-k.yaml" \
-      --variant "resnet50.dynamo:short-k=$V/hopper-short-k.yaml" 2>&1 \
-      | tee "$OUT/quick_suite.log" | tail -14
+    # the dynamic and verify steps themselves, cut to fit: BERT only, two CNNs, no profiles
+    timeout 290 bash "$0" dynamic --models bert --batches 1,8,32 --jobs 5 --repeat 30 \
+      --warmup 5 | tail -16
+    VERIFY_MODELS=convnext_tiny,resnet50 VERIFY_BUDGET_S=150 timeout 190 bash "$0" verify \
+      --no-profile | tail -14
     ;;
   tune)
     # issue 21's `amp tune` evidence, in two calls (each under the 10-minute limit):
