@@ -15,6 +15,7 @@
 #   bash benchmarks/h200_session.sh tune 1|2   # issue 21: amp tune on TUNE_MODEL (yolo_head), then
 #        its tuned build timed beside the default and torch.compile
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
+#   bash benchmarks/h200_session.sh dynprof    # issue 22: the dynamic CNN's kernels against a static build's at batch 32
 #   bash benchmarks/h200_session.sh quick      # the newest mechanisms' GPU tests and A/Bs, one call
 #   bash benchmarks/h200_session.sh corpus NAMES [NAMES...]  # issue 20: corpus rows on cuda
 #        (fp16,bf16; each NAMES group exported and run in parallel with the others)
@@ -136,6 +137,25 @@ case "$step" in
     timeout 590 "$PY" benchmarks/dynamic_bench.py --json "$OUT/dynamic_bench.json" \
       --no-symbolic-only --variant hopper-symbolic=benchmarks/variants/hopper-symbolic.yaml "$@" \
       2>&1 | tee "$OUT/dynamic_bench.log" | tail -40
+    ;;
+  dynprof)
+    # why the dynamic CNN is slower than a static build at batch 32 (1.39x on 2026-12-05):
+    # the CNN's static b1/b8/b32, default dynamic and symbolic-only builds timed, then both
+    # b32 libraries' kernels profiled (benchmarks/kernel_profile.py) at batch 32
+    w=/tmp/amp-dynprof
+    timeout 400 "$PY" benchmarks/dynamic_bench.py --models cnn --workdir "$w" --jobs 5 \
+      --repeat 30 --warmup 5 --json "$OUT/dynprof_bench.json" "$@" 2>&1 \
+      | tee "$OUT/dynprof_bench.log" | tail -14
+    for kind in "static b32" "dynamic"; do
+      lib=$("$PY" -c 'import json,sys; b=[b for b in json.load(open(sys.argv[1]))["builds"]
+if b["kind"] == sys.argv[2]]; print(b[0]["out"] + "/model.so" if b else "")' \
+        "$OUT/dynprof_bench.json" "$kind")
+      [ -n "$lib" ] && [ -f "$lib" ] || { echo "no $kind library"; continue; }
+      tag=$(printf '%s' "$kind" | tr -c 'A-Za-z0-9' '_')
+      mkdir -p "$OUT/$tag"; echo "== $kind at batch 32"
+      OUT="$OUT/$tag" timeout 90 "$PY" benchmarks/kernel_profile.py "$lib" "$w/cnn.onnx" \
+        --input-shape input:32x3x224x224 --top 12 2>&1 | tail -16
+    done
     ;;
   corpus)
     # each argument is a group of model names, exported and run in its own folder; the
