@@ -78,19 +78,16 @@ def capture_grid(ranges: dict, limit: int = MAX_CAPTURED_SHAPES) -> dict[str, in
 def capture_note(ranges: dict, specialize: bool) -> str:
     """The report's line on which shapes of a dynamic CUDA build with CUDA graphs on replay
     captured graphs: what :func:`guard_dynamic` arranges for ``ranges``."""
-    if not specialize:
-        return ("CUDA graphs: only the regions whose shapes do not depend on the dynamic dims "
-                "are captured (no copy at the optimum shape)")
-    head = "CUDA graphs: the copy at the optimum shape runs as one captured graph; "
+    head = ("CUDA graphs: the copy at the optimum shape runs as one captured graph; "
+            "every other shape" if specialize else "CUDA graphs: every shape")
     count = shape_count(ranges)
     if count <= MAX_CAPTURED_SHAPES:
-        return head + (f"every other shape is captured at its first call (the ranges hold "
-                       f"{count} shapes)")
+        return head + (f" is captured at its first call (the ranges hold {count} shapes)")
     grid = capture_grid(ranges)
     if grid is None:
-        return head + "other shapes launch their kernels one by one"
+        return head + " launches its kernels one by one"
     on = ", ".join(f"{n} a multiple of {s}" if s > 1 else f"any {n}" for n, s in grid.items())
-    return head + (f"shapes with {on} are captured at their first call (at most "
+    return head + (f" with {on} is captured at its first call (at most "
                    f"{MAX_CAPTURED_SHAPES} graphs); other shapes launch their kernels one by one")
 
 
@@ -111,20 +108,23 @@ def ranges_json(ranges: dict) -> str:
 def guard_dynamic(mod, specialize: bool = False, graphs: bool = False):
     """``mod`` with main's range check and ``amp_input_ranges()``, and with ``specialize`` the
     dispatch to a static copy at the optimum; a static module as it is. ``graphs`` (a CUDA
-    build with CUDA graphs on): ranges too wide to capture every shape get the
-    ``main_dynamic_graphs`` copy for the shapes of their :func:`capture_grid`."""
+    build with CUDA graphs on): main runs the model as ``main_dynamic``, whose regions over the
+    dynamic dims are captured per shape when the ranges hold at most
+    :data:`MAX_CAPTURED_SHAPES` shapes; wider ranges get the ``main_dynamic_graphs`` copy for
+    the shapes of their :func:`capture_grid`."""
     ranges = module_ranges(mod)
     if not ranges:
         return mod
-    if specialize:
+    if specialize or graphs:
         grid = capture_grid(ranges) if graphs else None
-        mod = specialize_optimum(mod, {n: r.optimum for n, r in ranges.items()}, grid)
-        mod = mod.clone()
-        gv = mod.get_global_var(DYNAMIC_FUNCTION)
-        mod[gv] = capture_per_shape(mod[gv], ranges)
-    # symbolic-only builds keep static-region capture: with per-shape capture ResNet-50's
-    # symbolic-only build failed in TVM's VM codegen ("Var storage is not defined", H100,
-    # 2026-12-05) while the specialized build of the same model ran correctly
+        sizes = {n: r.optimum for n, r in ranges.items()} if specialize else None
+        mod = dispatch_copies(mod, sizes, grid).clone()
+        if graphs:
+            # the captured function is main's callee, never main itself: per-shape capture
+            # in main (with its range check) fails in TVM 0.27's VM codegen ("Var storage is
+            # not defined", a symbolic-only ResNet-50; tests/test_dynamic.py)
+            gv = mod.get_global_var(DYNAMIC_FUNCTION)
+            mod[gv] = capture_per_shape(mod[gv], ranges)
     main = mod["main"]
     by_name = {str(v.name): v for v in tvm_compat.symbolic_vars(main)}
     dims = [by_name[n] for n in ranges]
@@ -137,54 +137,60 @@ def guard_dynamic(mod, specialize: bool = False, graphs: bool = False):
     return new
 
 
-def specialize_optimum(mod, sizes: dict[str, int], grid: dict[str, int] | None = None):
-    """``mod`` whose main runs ``main_optimum`` (main with each dynamic dim bound to
-    ``sizes``: static shapes, so every static-shape rewrite and kernel applies) when the input
-    has exactly that shape, else ``main_dynamic`` (main as it was). Both read the same
-    weights (the build's constant dedup keeps one copy of what the passes leave equal).
-    ``grid`` ({dim: step}, :func:`capture_grid`): inputs whose dims are multiples of their
-    steps run ``main_dynamic_graphs`` instead, main_dynamic again but with its symbolic
-    regions captured as CUDA graphs per shape (the same kernels: the build's dedup keeps one
-    copy of each)."""
+def dispatch_copies(mod, sizes: dict[str, int] | None = None,
+                    grid: dict[str, int] | None = None):
+    """``mod`` whose main runs ``main_dynamic`` (main as it was) and, with ``sizes``,
+    ``main_optimum`` (main with each dynamic dim bound to ``sizes``: static shapes, so every
+    static-shape rewrite and kernel applies) when the input has exactly that shape. Both read
+    the same weights (the build's constant dedup keeps one copy of what the passes leave
+    equal). ``grid`` ({dim: step}, :func:`capture_grid`): inputs whose dims are multiples of
+    their steps run ``main_dynamic_graphs`` instead of main_dynamic, main_dynamic again but
+    with its symbolic regions captured as CUDA graphs per shape (the same kernels: the
+    build's dedup keeps one copy of each)."""
     relax = tvm_compat.relax()
     tvm = tvm_compat.tvm()
     main_gv = mod.get_global_var("main")
     main = mod[main_gv]
     dims = {str(v.name): v for v in tvm_compat.symbolic_vars(main)}
-    generic = tvm_compat.private_function(
-        tvm_compat.with_fresh_constants(tvm_compat.copy_with_new_vars(main)))
-    static = tvm_compat.private_function(main.bind_symbolic_vars(sizes))
-    for key in (TIR_VAR_UPPER_BOUND, TIR_VAR_LOWER_BOUND, DIM_OPTIMUM):
-        static = static.without_attr(key)
     bb = relax.BlockBuilder(mod)
-    dyn_gv = bb.add_func(generic, DYNAMIC_FUNCTION)
-    opt_gv = bb.add_func(static, OPTIMUM_FUNCTION)
     params = [relax.Var(p.name, p.ty) for p in main.params]
-    at_optimum = relax.prim_value(tvm.tirx.all(*[dims[n] == v for n, v in sizes.items()]))
-    fixed = [relax.Var(f"{p.name}_optimum", q.ty) for p, q in zip(params, static.params)]
-    opt_out = relax.Var("out_optimum", static.ret_ty)
-    then = relax.SeqExpr([relax.BindingBlock(
-        [relax.MatchCast(v, p, v.ty) for v, p in zip(fixed, params)]
-        + [relax.VarBinding(opt_out, relax.Call(opt_gv, fixed))])], opt_out)
-    dyn_out = relax.Var("out_dynamic", main.ret_ty)
-    other = relax.SeqExpr([relax.BindingBlock(
-        [relax.VarBinding(dyn_out, relax.Call(dyn_gv, params))])], dyn_out)
+
+    def call(name, attrs=None):  # a fresh copy of main as the private function ``name``
+        func = tvm_compat.private_function(
+            tvm_compat.with_fresh_constants(tvm_compat.copy_with_new_vars(main)))
+        for key, value in (attrs or {}).items():
+            func = func.with_attr(key, value)
+        out = relax.Var(f"out_{name}", main.ret_ty)
+        return relax.SeqExpr([relax.BindingBlock(
+            [relax.VarBinding(out, relax.Call(bb.add_func(func, name), params))])], out)
+
+    def branch(cond, then, other, name):
+        out = relax.Var(name, main.ret_ty)
+        return relax.SeqExpr([relax.BindingBlock(
+            [relax.VarBinding(out, relax.If(relax.prim_value(cond), then, other))])], out)
+
+    body = call(DYNAMIC_FUNCTION)
     if grid:
-        graphs = tvm_compat.private_function(tvm_compat.with_fresh_constants(
-            tvm_compat.copy_with_new_vars(main))).with_attr(CAPTURE_SYMBOLIC_VARS, list(grid))
-        graphs_gv = bb.add_func(graphs, GRAPHS_FUNCTION)
-        on_grid = relax.prim_value(tvm.tirx.all(*[
-            tvm.tirx.floormod(dims[n], step) == 0 for n, step in grid.items() if step > 1]
-            or [tvm.tirx.const(True)]))
-        grid_out = relax.Var("out_graphs", main.ret_ty)
-        on = relax.SeqExpr([relax.BindingBlock(
-            [relax.VarBinding(grid_out, relax.Call(graphs_gv, params))])], grid_out)
-        other_out = relax.Var("out_symbolic", main.ret_ty)
-        other = relax.SeqExpr([relax.BindingBlock(
-            [relax.VarBinding(other_out, relax.If(on_grid, on, other))])], other_out)
+        on_grid = tvm.tirx.all(*[tvm.tirx.floormod(dims[n], step) == 0
+                                 for n, step in grid.items() if step > 1]
+                               or [tvm.tirx.const(True)])
+        body = branch(on_grid, call(GRAPHS_FUNCTION, {CAPTURE_SYMBOLIC_VARS: list(grid)}),
+                      body, "out_symbolic")
+    if sizes:
+        static = tvm_compat.private_function(main.bind_symbolic_vars(sizes))
+        for key in (TIR_VAR_UPPER_BOUND, TIR_VAR_LOWER_BOUND, DIM_OPTIMUM):
+            static = static.without_attr(key)
+        opt_gv = bb.add_func(static, OPTIMUM_FUNCTION)
+        fixed = [relax.Var(f"{p.name}_optimum", q.ty) for p, q in zip(params, static.params)]
+        opt_out = relax.Var("out_optimum", static.ret_ty)
+        then = relax.SeqExpr([relax.BindingBlock(
+            [relax.MatchCast(v, p, v.ty) for v, p in zip(fixed, params)]
+            + [relax.VarBinding(opt_out, relax.Call(opt_gv, fixed))])], opt_out)
+        body = branch(tvm.tirx.all(*[dims[n] == v for n, v in sizes.items()]), then, body,
+                      "out_any")
     fbb = relax.BlockBuilder()
     with fbb.function("main", params, attrs=dict(main.attrs), pure=main.is_pure):
-        out = fbb.emit(relax.If(at_optimum, then, other))
+        out = fbb.emit(body.blocks[0].bindings[0].value)  # the call, or the outermost If
         fbb.emit_func_output(fbb.match_cast(out, main.ret_ty))
     bb.update_func(main_gv, fbb.get()["main"])
     return bb.get()
