@@ -123,6 +123,9 @@ class CudaConfig:
     # GEMMs with N <= 32 (16/32-channel convs): tiles as narrow as N (yolo_head 1.24 -> 0.94 ms
     # on the H100, docs/gpu-performance.md)
     narrow_gemm: bool = True
+    # amp's wmma tiles: no tile that pads the output over 1.25x the least-padded one (a 7x7
+    # image's 49 rows in 128-row tiles, N = 64 in 128-wide ones); opt-in until timed on a GPU
+    padding_aware_tiles: bool = False
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
     # image stems (C < 8, overlapping windows) read their input padded to 8 channels likewise

@@ -79,7 +79,8 @@ case "$step" in
       2>&1 | tail -14
     ;;
   verify)
-    # issue 21's open A/Bs with the per-kernel profiles, one run: Hopper wgmma GEMMs for
+    # issue 21's open A/Bs with the per-kernel profiles, one run: tiles that pad the output
+    # little (cuda.padding_aware_tiles) on the CNNs with 64-channel / 7x7 GEMMs; Hopper wgmma GEMMs for
     # K down to 128 (cuda.hopper_min_k; ConvNeXt's FFN-up K = 192/384, the CNNs' 1x1 convs)
     # against the default K >= 512, and the opt-in 32-rows-a-warp attention
     # (cuda.mma_attention_wide) on whisper_encoder. Keep it to a few models: ten builds beside
@@ -92,6 +93,9 @@ case "$step" in
       --variant "convnext_tiny.dynamo:short-k=$V/hopper-short-k.yaml" \
       --variant "resnet50.dynamo:short-k=$V/hopper-short-k.yaml" \
       --variant "efficientnet_b0.dynamo:short-k=$V/hopper-short-k.yaml" \
+      --variant "resnet50.dynamo:pad-aware=$V/padding-aware-tiles.yaml" \
+      --variant "mobilenet_v3_large.dynamo:pad-aware=$V/padding-aware-tiles.yaml" \
+      --variant "convnext_tiny.dynamo:pad-aware=$V/padding-aware-tiles.yaml" \
       --variant "whisper_encoder.dynamo:mma-wide=$V/mma-attention-wide.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
     ;;
@@ -141,12 +145,14 @@ case "$step" in
   dynprof)
     # why the dynamic CNN is slower than a static build at batch 32 (1.39x on 2026-12-05):
     # the CNN's static b1/b8/b32, default dynamic and symbolic-only builds timed, then both
-    # b32 libraries' kernels profiled (benchmarks/kernel_profile.py) at batch 32
+    # b32 libraries' kernels profiled (benchmarks/kernel_profile.py) at batch 32; the
+    # padding-aware tiles (cuda.padding_aware_tiles) as a variant of the dynamic build
     w=/tmp/amp-dynprof
-    timeout 400 "$PY" benchmarks/dynamic_bench.py --models cnn --workdir "$w" --jobs 5 \
-      --repeat 30 --warmup 5 --json "$OUT/dynprof_bench.json" "$@" 2>&1 \
+    timeout 400 "$PY" benchmarks/dynamic_bench.py --models cnn --workdir "$w" --jobs 6 \
+      --repeat 30 --warmup 5 --json "$OUT/dynprof_bench.json" \
+      --variant pad-aware=benchmarks/variants/padding-aware-tiles.yaml "$@" 2>&1 \
       | tee "$OUT/dynprof_bench.log" | tail -14
-    for kind in "static b32" "dynamic"; do
+    for kind in "static b32" "dynamic" "dynamic pad-aware"; do
       lib=$("$PY" -c 'import json,sys; b=[b for b in json.load(open(sys.argv[1]))["builds"]
 if b["kind"] == sys.argv[2]]; print(b[0]["out"] + "/model.so" if b else "")' \
         "$OUT/dynprof_bench.json" "$kind")

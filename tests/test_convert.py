@@ -168,6 +168,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "mma_attention_wide": False,
                                         "fused_norm_cast": True,
                                         "small_gemm": True, "narrow_gemm": True,
+                                        "padding_aware_tiles": False,
                                         "unroll_injective": True,
                                         "depthwise_conv": True, "hopper_gemm": True,
                                         "hopper_min_k": 512, "hopper_symbolic_m": False}

@@ -219,6 +219,53 @@ def test_choose_config_deepens_k_step_where_the_sweep_measured_it(shape, tile):
     assert tc_gemm.choose_config(*shape, 90).name() == tile
 
 
+@pytest.mark.parametrize("batch,m,n,before,after", [
+    (32, 49, 512, "128x128", "64x128"),   # a 7x7 image's rows per batch entry: 38 % -> 77 %
+    (1, 25088, 64, "128x128", "128x64"),  # N = 64: half of a 128-wide tile was padding
+    (1, 25088, 192, "128x128", "128x64"),  # 256 columns for 192
+])
+def test_padding_aware_choice_skips_tiles_that_mostly_pad(batch, m, n, before, after):
+    """cuda.padding_aware_tiles: no tile whose grid covers over PAD_SLACK times the output the
+    least-padded candidate covers; off (the default), the choice is the calibrated one."""
+    def tile(cfg):
+        return f"{cfg.bm}x{cfg.bn}"
+
+    assert tile(tc_gemm.choose_config(batch, m, n, 576, 90)) == before
+    cfg = tc_gemm.choose_config(batch, m, n, 576, 90, pad_slack=tc_gemm.PAD_SLACK)
+    assert tile(cfg) == after
+    least = min(tc_gemm.padded(c, m, n) for c in tc_gemm.fitting(90))
+    assert tc_gemm.padded(cfg, m, n) <= tc_gemm.PAD_SLACK * least
+
+
+def test_padding_aware_choice_leaves_unpadded_shapes_alone():
+    """BERT-large's and the swept ResNet-50 GEMMs pad no tile much: the same tiles either way."""
+    for shape in [(1, 1024, 1024, 1024), (1, 1024, 4096, 1024), (1, 1024, 3072, 1024),
+                  (2, 1024, 1024, 2048), (1, 25088, 256, 64), (1, 1568, 512, 4608),
+                  (1, 6272, 128, 512), (8, 3136, 256, 64)]:
+        assert tc_gemm.choose_config(*shape, 90) == \
+            tc_gemm.choose_config(*shape, 90, pad_slack=tc_gemm.PAD_SLACK), shape
+
+
+def test_padding_aware_variants_over_a_symbolic_m_judge_columns_only():
+    """Over a symbolic M the rows' padding changes every few rows; weighing it would switch
+    tiles back and forth (a kernel each): the variants weigh the columns alone, and are the
+    static choice (columns alone) at every size; over a symbolic batch of 49-row images they
+    are the static choice with the rows weighed."""
+    slack = tc_gemm.PAD_SLACK
+    plain = tc_gemm.tile_variants(lambda v: (1, v), 16, 4096, 1024, 72, 90)
+    aware = tc_gemm.tile_variants(lambda v: (1, v), 16, 4096, 1024, 72, 90, pad_slack=slack)
+    assert aware == plain  # N = 1024: nothing pads columns
+    narrow = tc_gemm.tile_variants(lambda v: (1, v), 16, 4096, 64, 72, 90, pad_slack=slack)
+    assert len(narrow) <= len(tc_gemm.tile_variants(lambda v: (1, v), 16, 4096, 64, 72, 90))
+    assert all(cfg.bn == 64 for _, cfg in narrow)
+    batched = tc_gemm.tile_variants(lambda v: (v, 49), 1, 32, 512, 4608, 90, pad_slack=slack)
+    starts = [v for v, _ in batched]
+    for v in range(1, 33):
+        picked = batched[max(i for i, s in enumerate(starts) if s <= v)][1]
+        assert picked == tc_gemm.choose_config(v, 49, 512, 4608, 90, pad_slack=slack), v
+        assert picked.bm == 64
+
+
 @pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (256, 256, 256)])
 def test_staging_tile_rows_are_padded(m, n, k):
     """wmma's accumulator stores go to the shared fp32 tile with a row stride of BN + ACC_PAD

@@ -93,6 +93,12 @@ NARROW = (
 )
 # A tile is big enough to use when its grid fills this share of the SMs (one near-full wave).
 FULL_WAVE = 0.9
+# With ``cuda.padding_aware_tiles``: a tile whose grid covers more than this many times the
+# output the least-padded candidate covers is not chosen (its CTAs multiply that much padding).
+# A batched GEMM of ResNet-50's last stage over a symbolic batch (each image 7 x 7 = 49 rows)
+# took 128-row tiles, 38 % of their rows the image's, where 64-row tiles use 77 %; an N = 64
+# conv took 128-wide tiles, half their columns padding.
+PAD_SLACK = 1.25
 
 
 def fitting(sm: int, in_bytes: int = 2, acc_bytes: int = 4) -> tuple:
@@ -104,17 +110,37 @@ def ctas(cfg: TileConfig, batch: int, m: int, n: int) -> int:
     return batch * math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
 
 
+def padded(cfg: TileConfig, m: int | None, n: int) -> int:
+    """The output elements ``cfg``'s grid covers per batch entry (``m`` None: columns only)."""
+    rows = 1 if m is None else math.ceil(m / cfg.bm) * cfg.bm
+    return rows * math.ceil(n / cfg.bn) * cfg.bn
+
+
+def unpadded(options, m: int | None, n: int, slack: float | None) -> tuple:
+    """``options`` without the tiles that cover more than ``slack`` times the output the
+    least-padded one covers (``m`` None: judged on the columns alone); None: all of them."""
+    if slack is None:
+        return tuple(options)
+    least = min(padded(c, m, n) for c in options)
+    return tuple(c for c in options if padded(c, m, n) <= slack * least)
+
+
 def choose_config(batch: int, m: int, n: int, k: int, sm: int,
-                  acc_bytes: int = 4, narrow: bool = False) -> TileConfig | None:
+                  acc_bytes: int = 4, narrow: bool = False, pad_slack: float | None = None,
+                  pad_rows: bool = True) -> TileConfig | None:
     """Default tile for a GEMM: the largest candidate whose grid still fills the GPU (at least
     ``FULL_WAVE`` x SM count CTAs), else the one with the most CTAs; the pipeline is never deeper
     than the K loop. Calibrated on the H200 sweep (benchmarks/gemm_sweep.py): it picks the best or
-    second-best (within 7%) tile on all 8 BERT-large / ResNet-50 shapes measured. None when no
+    second-best (within 7%) tile on all 8 BERT-large / ResNet-50 shapes measured. ``pad_slack``
+    (:data:`PAD_SLACK`, ``cuda.padding_aware_tiles``): only among the candidates that pad the
+    output at most that much more than the least-padded one; ``pad_rows`` off, padding is
+    judged on the columns alone (an M that varies, :func:`tile_variants`). None when no
     candidate fits the arch's shared memory."""
     sms = sm_count(sm)
     options = fitting(sm, 2, acc_bytes)
     if not options:
         return None
+    options = unpadded(options, m if pad_rows else None, n, pad_slack)
     thin = next((c for c in NARROW if c.bn >= n), None) if narrow else None
     if thin is not None:
         cfg = thin  # N <= 32: the narrowest tile that covers it (see NARROW)
@@ -130,7 +156,8 @@ def choose_config(batch: int, m: int, n: int, k: int, sm: int,
 
 
 def tile_variants(sizes_at, lo: int, hi: int, n: int, k: int, sm: int,
-                  acc_bytes: int = 4) -> list[tuple[int, TileConfig]]:
+                  acc_bytes: int = 4, pad_slack: float | None = None
+                  ) -> list[tuple[int, TileConfig]]:
     """The tiles :func:`choose_config` picks for a GEMM whose row count or batch is symbolic,
     over its whole range: [(first value, tile), ...] ascending, one entry per run of values
     with the same tile. ``sizes_at(v)`` = (batch, M) when the symbolic size is ``v`` (in
@@ -139,6 +166,10 @@ def tile_variants(sizes_at, lo: int, hi: int, n: int, k: int, sm: int,
     options = fitting(sm, 2, acc_bytes)
     if not options or lo > hi:
         return []
+    # rows' padding counts only where the rows are the same at every value (a symbolic batch
+    # of static-M GEMMs): over a symbolic M it would switch tiles every few rows
+    static_m = sizes_at(lo)[1] == sizes_at(hi)[1]
+    options = unpadded(options, sizes_at(lo)[1] if static_m else None, n, pad_slack)
     wave = FULL_WAVE * sm_count(sm)
 
     def fills(v):
@@ -154,7 +185,8 @@ def tile_variants(sizes_at, lo: int, hi: int, n: int, k: int, sm: int,
         end = b
     variants = []
     for v in range(lo, end + 1):
-        cfg = choose_config(*sizes_at(v), n, k, sm, acc_bytes)
+        cfg = choose_config(*sizes_at(v), n, k, sm, acc_bytes, pad_slack=pad_slack,
+                            pad_rows=static_m)
         if cfg is not None and (not variants or variants[-1][1] != cfg):
             variants.append((v, cfg))
     return variants
@@ -332,14 +364,17 @@ def normalize_gemm(sch, main):
 
 
 def schedule_gemm(func, in_dtype: str, acc_dtype: str, batch: int, sizes, sm: int,
-                  cfg: TileConfig | None = None, rows="same", narrow: bool = False):
+                  cfg: TileConfig | None = None, rows="same", narrow: bool = False,
+                  pad_slack: float | None = None):
     """amp's schedule for a GEMM ``batch x [M, N, K]`` (``tensorcore.gemm_shape``), or None where
     it does not apply (no fitting tile, rows too misaligned for cp.async). ``sizes`` are the
     extents the tile is chosen for; ``rows``: the real M when that differs (None: symbolic, M is
-    padded to whole tiles at run time); ``narrow``: N <= 32 may take a ``NARROW`` tile."""
+    padded to whole tiles at run time); ``narrow``: N <= 32 may take a ``NARROW`` tile;
+    ``pad_slack``: :func:`choose_config`'s."""
     m, n, k = sizes
     acc_bytes = 2 if acc_dtype == "float16" else 4
-    cfg = cfg or choose_config(batch, m, n, k, sm, acc_bytes, narrow)
+    cfg = cfg or choose_config(batch, m, n, k, sm, acc_bytes, narrow, pad_slack,
+                               pad_rows=rows is not None)
     if cfg is None:
         return None
     # cp.async copies 4, 8 or 16 bytes: 2+ fp16 lanes per copy, from K-contiguous rows

@@ -48,9 +48,11 @@ def _make_rule():
 
         def __init__(self, min_extent: int = MIN_EXTENT, own_gemm: bool = True,
                      small_m: bool = True, dims: dict | None = None,
-                     ranges: dict | None = None, narrow: bool = False):
+                     ranges: dict | None = None, narrow: bool = False,
+                     pad_slack: float | None = None):
             super().__init__()
             self.narrow = narrow
+            self.pad_slack = pad_slack
             # the narrow tiles take sides down to one fragment; without them a side below
             # ``min_extent`` is left to dlight's SIMT rule
             self.min_extent = min(min_extent, NARROW_MIN_EXTENT) if narrow else min_extent
@@ -86,7 +88,7 @@ def _make_rule():
                 kind = self._wants_tensor_cores(func, info, target)
             if kind is not None and self.own_gemm:
                 sch = _own_schedule(func, kind, info, arch_sm(target), self.dims, self.ranges,
-                                    self.narrow)
+                                    self.narrow, self.pad_slack)
                 if sch is not None:
                     return sch
             if kind == "float16":
@@ -111,11 +113,12 @@ MAX_VARIANT_SIZE = 1 << 24
 
 
 def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None,
-                  ranges: dict | None = None, narrow: bool = False):
+                  ranges: dict | None = None, narrow: bool = False,
+                  pad_slack: float | None = None):
     """amp's cp.async wmma schedule (``tc_gemm``) for a GEMM with static N and K (``info``: its
     :func:`gemm_shape`); a symbolic M or a symbolic batch (not both) gets the tile for its value
     at ``dims`` ({dim: optimum}, module docstring). Else None (symbolic N or K:
-    MatmulTensorization pads them)."""
+    MatmulTensorization pads them). ``pad_slack``: ``tc_gemm.choose_config``'s."""
     if info is None:
         return None
     _, out_dtype, batch, sizes = info
@@ -130,11 +133,11 @@ def _own_schedule(func, in_dtype: str, info, sm: int, dims: dict | None = None,
     batch_at = batch if batch is not None else \
         size_at_optimum(symbolic[2], dims, SYMBOLIC_BATCH_GUESS)
     acc = "float16" if out_dtype == "float16" else "float32"
-    variants = _variants(symbolic, batch, sizes, sm, ranges, acc) if symbolic else []
+    variants = _variants(symbolic, batch, sizes, sm, ranges, acc, pad_slack) if symbolic else []
     if len(variants) > 1:
         return _dispatched(func, in_dtype, acc, symbolic, batch, sizes, sm, variants)
     return tc_gemm.schedule_gemm(func, in_dtype, acc, batch_at, [m_at, *sizes[1:]], sm,
-                                 rows=sizes[0], narrow=narrow)
+                                 rows=sizes[0], narrow=narrow, pad_slack=pad_slack)
 
 
 def _symbolic_size(symbolic, batch):
@@ -142,7 +145,8 @@ def _symbolic_size(symbolic, batch):
     return symbolic[3][0] if batch is not None else symbolic[2]
 
 
-def _variants(symbolic, batch, sizes, sm: int, ranges: dict | None, acc: str) -> list:
+def _variants(symbolic, batch, sizes, sm: int, ranges: dict | None, acc: str,
+              pad_slack: float | None = None) -> list:
     """``tc_gemm.tile_variants`` over the symbolic size's range (``ranges``: {dim: (lo, hi)});
     [] when a dim has no range."""
     if not ranges:
@@ -159,7 +163,7 @@ def _variants(symbolic, batch, sizes, sm: int, ranges: dict | None, acc: str) ->
         def sizes_at(v):
             return v, sizes[0]
     return tc_gemm.tile_variants(sizes_at, lo, min(hi, MAX_VARIANT_SIZE), sizes[1], sizes[2],
-                                 sm, 2 if acc == "float16" else 4)
+                                 sm, 2 if acc == "float16" else 4, pad_slack)
 
 
 def _dispatched(func, in_dtype: str, acc: str, symbolic, batch, sizes, sm: int, variants):
@@ -188,18 +192,22 @@ def _small_m_schedule(func, info, sm: int):
 
 def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
               small_m: bool = True, dims: dict | None = None,
-              ranges: dict | None = None, narrow: bool = False):
+              ranges: dict | None = None, narrow: bool = False,
+              pad_slack: float | None = None):
     """amp's GEMM schedule rule (an instance of a dlight ``Matmul`` subclass). ``own_gemm``:
     fp16/bf16 GEMMs with static N and K use amp's pipelined wmma schedule (tc_gemm) first, and
     static GEMMs of 2..16 rows amp's split-K-across-lanes schedule (small_gemm) on CUDA unless
     ``small_m`` is off. ``dims``: {symbolic dim: optimum} of a dynamic module; ``ranges``:
     {symbolic dim: (lo, hi)}, over which a symbolic GEMM gets one tile variant per size band.
     ``narrow``: GEMMs with N <= 32 take tc_gemm's narrow tiles (``tc_gemm.NARROW``; on by
-    default through ``cuda.narrow_gemm``); off, every side must be >= 32."""
-    return _make_rule()(min_extent, own_gemm, small_m, dims, ranges, narrow)
+    default through ``cuda.narrow_gemm``); off, every side must be >= 32. ``pad_slack``:
+    tiles that pad the output more than that many times the least-padded one are not chosen
+    (``tc_gemm.PAD_SLACK`` through ``cuda.padding_aware_tiles``; None: padding not weighed)."""
+    return _make_rule()(min_extent, own_gemm, small_m, dims, ranges, narrow, pad_slack)
 
 
-@register("matmul", "rule", 10, reads=("small_gemm", "narrow_gemm"))
+@register("matmul", "rule", 10, reads=("small_gemm", "narrow_gemm", "padding_aware_tiles"))
 def make_rule(ctx):
     return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims, ranges=ctx.ranges,
-                     narrow=ctx.cuda.narrow_gemm)
+                     narrow=ctx.cuda.narrow_gemm,
+                     pad_slack=tc_gemm.PAD_SLACK if ctx.cuda.padding_aware_tiles else None)
