@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.backends.cuda.kernels import tc_gemm  # noqa: E402
+from amp_cli.hardware import smem_limit  # noqa: E402
 
 # (name, M, N, K): M = tokens or N*H*W pixels, N = output features, K = reduction
 DEFAULT_SHAPES = [
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
                             variants.append((v.name(), v, 1))
             if args.extra:
                 variants += [(c.name(), c, 1) for c in EXTRA_CONFIGS
-                             if c.shared_bytes() <= tc_gemm.smem_limit(sm)]
+                             if c.shared_bytes() <= smem_limit(sm)]
             variants.append(("dlight", None, 1))
         elif pick is not None:
             variants.append((pick.name(), pick, 1))
@@ -185,9 +186,9 @@ def main(argv=None) -> int:
                 out_shape, out_dtype = (m, n), "float16"
                 if isinstance(cfg, tc_gemm.TileConfig):
                     row["smem_est"] = cfg.shared_bytes()
-                    if cfg.shared_bytes() > tc_gemm.smem_limit(sm):
+                    if cfg.shared_bytes() > smem_limit(sm):
                         raise ValueError(f"{cfg.shared_bytes()} B of shared memory (tc_gemm "
-                                         f"estimate) > {tc_gemm.smem_limit(sm)} B on sm_{sm}")
+                                         f"estimate) > {smem_limit(sm)} B on sm_{sm}")
                     part = k // splits
                     if k % splits or part % cfg.bk:
                         raise ValueError(f"K={k} does not split {splits} ways into whole "

@@ -12,6 +12,7 @@ tvm = pytest.importorskip("tvm")
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.backends.cuda.tir import cuda_tir_pipeline  # noqa: E402
 from amp_cli.backends.cuda.kernels import tc_gemm  # noqa: E402
+from amp_cli.hardware import smem_limit  # noqa: E402
 from amp_cli.backends.cuda.rules.matmul import AmpMatmul
 from amp_cli.backends.cuda.kernels.analysis import gemm_shape  # noqa: E402
 
@@ -201,9 +202,9 @@ def test_load_vector_width_follows_k_alignment():
 def test_choose_config_respects_shared_memory_per_arch():
     for sm in (80, 86, 89, 90):
         cfg = tc_gemm.choose_config(1, 4096, 4096, 4096, sm)
-        assert cfg.shared_bytes() <= tc_gemm.smem_limit(sm)
+        assert cfg.shared_bytes() <= smem_limit(sm)
     big = tc_gemm.CANDIDATES[0]
-    assert big.shared_bytes() > tc_gemm.smem_limit(86)  # so sm_86 must pick something smaller
+    assert big.shared_bytes() > smem_limit(86)  # so sm_86 must pick something smaller
     assert tc_gemm.choose_config(1, 4096, 4096, 4096, 86) != big
     assert tc_gemm.choose_config(1, 1024, 1024, 1024, 75) is None  # 64 KiB: nothing fits
 
@@ -435,9 +436,10 @@ def test_symbolic_m_takes_the_own_schedule_with_the_tile_of_the_optimum():
     seen = []
     real = tc_gemm.schedule_gemm
 
-    def spy(func, in_dtype, acc, batch, sizes, sm, cfg=None, rows="same", narrow=True):
+    def spy(func, in_dtype, acc, batch, sizes, sm, cfg=None, rows="same", narrow=True,
+            pad_slack=None):
         seen.append((sizes[0], rows))
-        return real(func, in_dtype, acc, batch, sizes, sm, cfg, rows, narrow)
+        return real(func, in_dtype, acc, batch, sizes, sm, cfg, rows, narrow, pad_slack)
 
     tc_gemm.schedule_gemm, saved = spy, tc_gemm.schedule_gemm
     try:
