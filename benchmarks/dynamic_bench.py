@@ -77,9 +77,10 @@ def parse_args(argv):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", default=None,
                     help="where the results go [default: $OUT or the work folder]")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CONFIG.yaml",
+    ap.add_argument("--variant", action="append", default=[],
+                    metavar="[MODEL:]NAME=CONFIG.yaml",
                     help="also build the dynamic library with this config and time it beside "
-                         "the default (an A/B in one run; repeatable)")
+                         "the default (an A/B in one run; repeatable; MODEL: bert or cnn only)")
     ap.add_argument("--workdir", default=None, help="keep the ONNX files and builds here")
     return ap.parse_args(argv)
 
@@ -184,8 +185,11 @@ def plan_builds(args, work: Path, models: dict) -> list[dict]:
                                config=no_copy))
         for spec in args.variant:
             vname, _, cfg = spec.partition("=")
+            only, _, vname = vname.rpartition(":")
             if not vname or not cfg:
-                raise SystemExit(f"--variant {spec!r}: expected NAME=CONFIG.yaml")
+                raise SystemExit(f"--variant {spec!r}: expected [MODEL:]NAME=CONFIG.yaml")
+            if only and only != name:
+                continue
             builds.append(dict(model=name, kind=f"dynamic {vname}", shapes=m["dynamic"],
                                config=Path(cfg).resolve()))
     for k, b in enumerate(builds):

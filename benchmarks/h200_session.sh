@@ -15,6 +15,7 @@
 #   bash benchmarks/h200_session.sh tune 1|2   # issue 21: amp tune on TUNE_MODEL (yolo_head), then
 #        its tuned build timed beside the default and torch.compile
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
+#   bash benchmarks/h200_session.sh dynboth    # issue 22: BERT and the CNN with their variants, one call
 #   bash benchmarks/h200_session.sh dynprof    # issue 22: the dynamic CNN's kernels against a static build's at batch 32
 #   bash benchmarks/h200_session.sh quick      # the newest mechanisms' GPU tests and A/Bs, one call
 #   bash benchmarks/h200_session.sh corpus NAMES [NAMES...]  # issue 20: corpus rows on cuda
@@ -141,6 +142,19 @@ case "$step" in
     timeout 590 "$PY" benchmarks/dynamic_bench.py --json "$OUT/dynamic_bench.json" \
       --no-symbolic-only --variant hopper-symbolic=benchmarks/variants/hopper-symbolic.yaml "$@" \
       2>&1 | tee "$OUT/dynamic_bench.log" | tail -40
+    ;;
+  dynboth)
+    # issue 22's latency bar in one call, no profiles: BERT and the CNN, static b1/b8/b32
+    # against the default dynamic build, BERT also with the symbolic-row Hopper GEMMs, the CNN
+    # also without the optimum copy (captured per shape since 2026-12-07) and with the
+    # padding-aware tiles
+    V=benchmarks/variants
+    timeout "${DYN_TIMEOUT_S:-560}" "$PY" benchmarks/dynamic_bench.py --models bert,cnn \
+      --workdir /tmp/amp-dynprof --jobs 8 --repeat 30 --warmup 5 --no-symbolic-only \
+      --json "$OUT/dynboth_bench.json" --variant "bert:hopper-symbolic=$V/hopper-symbolic.yaml" \
+      --variant "cnn:symbolic-only=$V/no-optimum-copy.yaml" \
+      --variant "cnn:pad-aware=$V/padding-aware-tiles.yaml" "$@" 2>&1 \
+      | tee "$OUT/dynboth_bench.log" | tail -24
     ;;
   dynprof)
     # why the dynamic CNN is slower than a static build at batch 32 (1.39x on 2026-12-05):
