@@ -109,3 +109,67 @@ def test_gather_matches_numpy():
             win = xp[:, :, kh:kh + hw:s, kw:kw + hw:s]          # [n, c, oh, ow]
             ref[..., (kh * k + kw) * c:(kh * k + kw + 1) * c] = win.transpose(0, 2, 3, 1)
     np.testing.assert_array_equal(got, ref)
+
+
+def _symbolic_gather(hw=224):
+    """:func:`gather` over a symbolic batch ``n``."""
+    from tvm import te
+
+    n = tvm.tirx.Var("n", "int64")
+    c, k, stride, pad, out_hw = 3, 7, 2, 3, hw // 2
+    x = te.placeholder((n, c, hw, hw), "float32", name="x")
+
+    def at(b, oh, ow, q):
+        kh, kw, ch = q // (k * c), q % (k * c) // c, q % c
+        ih, iw = oh * stride + kh - pad, ow * stride + kw - pad
+        inside = tvm.tirx.all(ih >= 0, ih < hw, iw >= 0, iw < hw)
+        return tvm.tirx.if_then_else(inside, x[b, ch, ih, iw].astype("float16"),
+                                     tvm.tirx.const(0, "float16"))
+
+    y = te.compute((n, out_hw, out_hw, k * k * c), at, name="im2col")
+    return te.create_prim_func([x, y]).with_attr("global_symbol", "main")
+
+
+def test_symbolic_batch_is_counted_at_the_optimum(monkeypatch):
+    """A gather over a dynamic batch takes the rule when its size at the ranges' optimum is
+    large (the stem's layout change of a dynamic CNN), with the tail predicated; without an
+    optimum for the dim it is left to dlight. The source compiles with NVRTC and nvcc."""
+    from fixtures.cuda_compile import compile_like_tvm
+
+    func = _symbolic_gather()
+    with SM90:
+        assert injective.AmpInjective().apply(func, SM90, False) is None
+        assert injective.AmpInjective({"n": 1}).apply(_symbolic_gather(hw=32), SM90,
+                                                      False) is None
+        sch = injective.AmpInjective({"n": 8}).apply(func, SM90, False)
+    assert sch is not None
+    src = tvm_compat.cuda_source(build(sch.mod["main"], "sm_90"))
+    assert f"__launch_bounds__({injective.THREADS})" in src
+    assert len(re.findall(r"im2col_ptr\[", src)) == injective.UNROLL
+    for mode in ("nvrtc", "nvcc"):
+        assert len(compile_like_tvm(src, mode, "sm_90", monkeypatch)) > 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tvm_compat.has_cuda_device(), reason="needs a CUDA device")
+def test_symbolic_gather_matches_numpy_at_every_batch():
+    """The rule's kernel over a symbolic batch, planned at 8, run at 1, 3 and 9: exactly the
+    numpy gather (a cast and zero padding: no rounding beyond fp16's)."""
+    func = _symbolic_gather(hw=64)
+    with SM90:
+        sch = injective.AmpInjective({"n": 8}).apply(func, SM90, False)
+    sm = int(tvm_compat.cuda_compute_version().replace(".", ""))
+    ex = build(sch.mod["main"], f"sm_{sm}")
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(3)
+    for n in (1, 3, 9):
+        x = rng.standard_normal((n, 3, 64, 64)).astype("float32")
+        xp = np.pad(x, ((0, 0), (0, 0), (3, 3), (3, 3)))
+        ref = np.empty((n, 32, 32, 147), "float16")
+        for kh in range(7):
+            for kw in range(7):
+                win = xp[:, :, kh:kh + 64:2, kw:kw + 64:2]           # n, c, 32, 32
+                ref[..., (kh * 7 + kw) * 3:(kh * 7 + kw) * 3 + 3] = win.transpose(0, 2, 3, 1)
+        out = tvm.runtime.empty((n, 32, 32, 147), "float16", dev)
+        ex(tvm.runtime.tensor(x, dev), out)
+        np.testing.assert_array_equal(out.numpy(), ref)

@@ -9,13 +9,16 @@ largest non-GEMM kernel of resnet50.
 This rule gives each thread ``UNROLL`` elements, ``THREADS`` apart (so a warp's accesses stay as
 coalesced as before), in an unrolled loop: the loads of all ``UNROLL`` elements can be issued
 before the first store. It takes only PrimFuncs that reduce to one spatial block after inlining,
-with static shapes and at least ``MIN_ELEMENTS`` outputs; anything else is left to the next rule.
+with at least ``MIN_ELEMENTS`` outputs; anything else is left to the next rule. A symbolic
+extent (a dynamic batch) is counted at the ranges' optima (``dims``); the last CTA's threads
+past the end are predicated off. Without an optimum for it, the kernel is left to dlight.
 """
 from __future__ import annotations
 
 import math
 
 from .... import tvm_compat
+from ..kernels.analysis import size_at_optimum
 from ..registry import register
 
 THREADS = 256
@@ -30,7 +33,11 @@ def _make_rule():
     try_inline = tvm_compat.dlight_base().try_inline
 
     class AmpInjective(dl.ScheduleRule):
-        """Large static injective kernels: ``UNROLL`` elements per thread (module doc)."""
+        """Large injective kernels: ``UNROLL`` elements per thread (module doc)."""
+
+        def __init__(self, dims: dict | None = None):
+            super().__init__()
+            self.dims = dict(dims or {})
 
         def apply(self, func, target, tunable):
             if not isinstance(func, tvm_compat.prim_func_class()) or target.kind.name != "cuda":
@@ -44,10 +51,10 @@ def _make_rule():
                 return None
             block = infos[0].block_rv
             loops = sch.get_loops(block)
-            extents = [sch.get(loop).extent for loop in loops]
-            if not loops or not all(hasattr(e, "value") for e in extents):
-                return None
-            if math.prod(int(e.value) for e in extents) < MIN_ELEMENTS:
+            # a symbolic extent at the optima (0: unknown, declined)
+            sizes = [int(e.value) if hasattr(e, "value") else size_at_optimum(e, self.dims, 0)
+                     for e in (sch.get(loop).extent for loop in loops)]
+            if not loops or min(sizes) < 1 or math.prod(sizes) < MIN_ELEMENTS:
                 return None
             bx, unroll, tx = sch.split(sch.fuse(*loops), [None, UNROLL, THREADS])
             sch.bind(bx, "blockIdx.x")
@@ -58,11 +65,12 @@ def _make_rule():
     return AmpInjective
 
 
-def AmpInjective():  # noqa: N802 - a rule instance, named like dlight's rules
-    """amp's large-injective-kernel rule (an instance of a dlight ``ScheduleRule``)."""
-    return _make_rule()()
+def AmpInjective(dims: dict | None = None):  # noqa: N802 - a rule instance, like dlight's
+    """amp's large-injective-kernel rule (an instance of a dlight ``ScheduleRule``);
+    ``dims``: {symbolic dim: optimum} of a dynamic module."""
+    return _make_rule()(dims)
 
 
 @register("unroll_injective", "rule", 50, switch="unroll_injective")
-def make_rule(_ctx):
-    return AmpInjective()
+def make_rule(ctx):
+    return AmpInjective(ctx.dims)
