@@ -48,6 +48,7 @@ case "$step" in
       "tests/backends/cuda/test_tc_gemm.py::test_tile_variants_match_fp32_reference_on_both_sides_of_each_step" \
       "tests/backends/cuda/test_conv_gemm.py::test_symbolic_batch_convs_on_gpu" \
       "tests/test_dynamic.py::test_bert_on_gpu_with_graphs_on_the_capture_grid" \
+      "tests/backends/cuda/test_injective.py::test_symbolic_gather_matches_numpy_at_every_batch" \
       tests/backends/cuda/test_nonfinite_const.py tests/frontend/test_ort_session.py \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -60
     ;;
