@@ -19,7 +19,8 @@ relax = tvm.relax
 def _qkv_module(dtype="float16", out_dtype="float32", tokens=24, hidden=40, widths=(40, 40, 24),
                 consumer="cast"):
     """x @ W_i for three constant W_i (different widths), each output consumed by a cast to
-    ``dtype`` then a bias add (``consumer="cast"``), or used in fp32 directly ("fp32")."""
+    ``dtype`` then a bias add (``consumer="cast"``), by a cast alone (``"cast_only"``: bias-free
+    projections, LLaMA's), or used in fp32 directly ("fp32")."""
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((2, tokens, hidden), dtype))
@@ -33,6 +34,9 @@ def _qkv_module(dtype="float16", out_dtype="float32", tokens=24, hidden=40, widt
                     y = bb.emit(relax.op.astype(y, dtype))
                     y = bb.emit(relax.op.astype(relax.op.add(y, relax.const(
                         rng.standard_normal(n).astype(dtype))), "float32"))
+                elif consumer == "cast_only":
+                    y = bb.emit(relax.op.astype(y, dtype))
+                    y = bb.emit(relax.op.astype(relax.op.multiply(y, y), "float32"))
                 outs.append(y)
             gv = bb.emit_output(relax.op.concat(outs, axis=-1))
         bb.emit_func_output(gv)
@@ -54,7 +58,7 @@ def _run_llvm(mod, x):
     return vm["main"](tvm.runtime.tensor(x)).numpy().astype(np.float64)
 
 
-@pytest.mark.parametrize("consumer", ["cast", "fp32"])
+@pytest.mark.parametrize("consumer", ["cast", "cast_only", "fp32"])
 def test_three_projections_become_one_gemm_with_the_same_values(consumer):
     mod = _qkv_module(consumer=consumer)
     new, count = combine_parallel_gemms(mod)
@@ -62,9 +66,14 @@ def test_three_projections_become_one_gemm_with_the_same_values(consumer):
     assert _matmul_shapes(new) == [[2, 24, 104]]
     # the cast moves before the slices only when every output is cast to fp16 anyway
     sliced = _op_dtypes(new, "relax.strided_slice")
-    assert sliced == ["float16" if consumer == "cast" else "float32"] * 3
+    assert sliced == ["float32" if consumer == "fp32" else "float16"] * 3
     # with the casts, the three bias adds become one add on the combined output (its epilogue)
     assert len(_op_dtypes(new, "relax.add")) == (1 if consumer == "cast" else 0)
+    if consumer == "cast_only":
+        # the slices reach their users in fp16: the one fp16 cast left is the GEMM's epilogue,
+        # no slice goes fp16 -> fp32 -> fp16 (a copy kernel each; fp16 slices alone are views
+        # fused_attention reads in place)
+        assert _op_dtypes(new, "relax.astype") == ["float16"] + ["float32"] * 3
     x = np.random.default_rng(1).uniform(-2, 2, (2, 24, 40)).astype("float16")
     ref, got = _run_llvm(mod, x), _run_llvm(new, x)
     assert np.count_nonzero(ref) > 0.99 * ref.size  # a real signal (fp16 may round one to 0)

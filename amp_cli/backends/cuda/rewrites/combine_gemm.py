@@ -25,7 +25,10 @@ fp16 -> fp32 -> fp16 round trip of each slice is exact. When, further, every cas
 use is the add of a constant bias vector (the projections' biases), the biases are concatenated
 and added once before the slices (``y_i = slice(g16 + concat(b_i))``, the same fp16 additions), so
 the bias add runs in the GEMM's epilogue and the slices are plain views that fused_attention can
-read in place.
+read in place. Without biases (LLaMA's projections; a random-initialized BERT's zero biases,
+which the ONNX simplifier drops) the casts to the low type take the fp16 slices directly
+(``astype(astype(slice(g16), float32), float16)`` is ``slice(g16)``): left in, each round trip
+was a copy kernel of its slice.
 """
 from __future__ import annotations
 
@@ -132,8 +135,22 @@ def combine_parallel_gemms(mod):
             by_bias[b] = (g, index)
     done = {}  # id(group) -> replacement exprs of its members
     biased = {}  # id(group) -> the bias-added fp16 slices
+    widened = {}  # the fp32 cast of a low-type slice -> that slice
 
-    def rewrite(bb, call, _lookup):
+    def narrowed(call, lookup):
+        """The low-type slice ``call`` (a cast back to the low type) undoes, else None."""
+        src = call.args[0]
+        while isinstance(src, relax.Var) and src not in widened:
+            bound = lookup(src)  # an alias of the cast's var (the member's old binding)
+            if not isinstance(bound, relax.Var):
+                return None
+            src = bound
+        low = widened.get(src) if isinstance(src, relax.Var) else None
+        return low if low is not None and str(call.attrs.dtype) == low.ty.dtype else None
+
+    def rewrite(bb, call, lookup):
+        if op_name(call) == "relax.astype" and widened:
+            return narrowed(call, lookup)
         if op_name(call) == "relax.add" and call.args[1] in by_bias:
             group, index = by_bias[call.args[1]]
             if id(group) in biased:   # its matmul was rewritten (it comes first)
@@ -160,7 +177,8 @@ def combine_parallel_gemms(mod):
                     with_bias.append(bb.emit(relax.op.strided_slice(
                         gb, [axis], [start], [start + w.shape[1]])))
                 if group["cast_ok"]:
-                    y = bb.emit(relax.op.astype(y, group["out"]))
+                    low, y = y, bb.emit(relax.op.astype(y, group["out"]))
+                    widened[y] = low
                 outs.append(y)
                 start += w.shape[1]
             done[id(group)] = outs
