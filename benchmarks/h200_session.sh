@@ -81,8 +81,7 @@ case "$step" in
       2>&1 | tail -14
     ;;
   verify)
-    # issue 21's open A/Bs with the per-kernel profiles, one run: tiles that pad the output
-    # little (cuda.padding_aware_tiles) on the CNNs with 64-channel / 7x7 GEMMs; Hopper wgmma GEMMs for
+    # issue 21's open A/Bs with the per-kernel profiles, one run: Hopper wgmma GEMMs for
     # K down to 128 (cuda.hopper_min_k; ConvNeXt's FFN-up K = 192/384, the CNNs' 1x1 convs)
     # against the default K >= 512, and the opt-in 32-rows-a-warp attention
     # (cuda.mma_attention_wide) on whisper_encoder. Keep it to a few models: ten builds beside
@@ -95,9 +94,6 @@ case "$step" in
       --variant "convnext_tiny.dynamo:short-k=$V/hopper-short-k.yaml" \
       --variant "resnet50.dynamo:short-k=$V/hopper-short-k.yaml" \
       --variant "efficientnet_b0.dynamo:short-k=$V/hopper-short-k.yaml" \
-      --variant "resnet50.dynamo:pad-aware=$V/padding-aware-tiles.yaml" \
-      --variant "mobilenet_v3_large.dynamo:pad-aware=$V/padding-aware-tiles.yaml" \
-      --variant "convnext_tiny.dynamo:pad-aware=$V/padding-aware-tiles.yaml" \
       --variant "whisper_encoder.dynamo:mma-wide=$V/mma-attention-wide.yaml" "$@" 2>&1 \
       | tee "$OUT/verify_suite.log" | tail -30
     ;;
@@ -137,37 +133,37 @@ case "$step" in
     fi
     ;;
   dynamic)
-    # the default dynamic build against static ones, and GEMMs over symbolic rows on the
-    # Hopper kernels (cuda.hopper_symbolic_m) as a variant; the symbolic-only build is left
-    # out for time (its numbers of 2026-12-05 are in docs/benchmarks.md)
+    # the default dynamic build against static ones, and GEMMs over symbolic rows on amp's
+    # wmma tiles instead of the Hopper kernels (cuda.hopper_symbolic_m off) as a variant; the
+    # symbolic-only build is left out for time (docs/benchmarks.md has its numbers)
     timeout 590 "$PY" benchmarks/dynamic_bench.py --json "$OUT/dynamic_bench.json" \
-      --no-symbolic-only --variant hopper-symbolic=benchmarks/variants/hopper-symbolic.yaml "$@" \
+      --no-symbolic-only --variant no-hopper-symbolic=benchmarks/variants/no-hopper-symbolic.yaml "$@" \
       2>&1 | tee "$OUT/dynamic_bench.log" | tail -40
     ;;
   dynboth)
     # issue 22's latency bar in one call, no profiles: BERT and the CNN, static b1/b8/b32
-    # against the default dynamic build, BERT also with the symbolic-row Hopper GEMMs, the CNN
-    # also without the optimum copy (captured per shape since 2026-12-07) and with the
-    # padding-aware tiles
+    # against the default dynamic build, BERT also with its symbolic-row GEMMs on the wmma
+    # tiles, the CNN also without the optimum copy (captured per shape since 2026-12-07) and
+    # without the padding-aware tiles (H100 run of 2026-12-07: docs/benchmarks.md)
     V=benchmarks/variants
     timeout "${DYN_TIMEOUT_S:-560}" "$PY" benchmarks/dynamic_bench.py --models bert,cnn \
       --workdir /tmp/amp-dynprof --jobs 8 --repeat 30 --warmup 5 --no-symbolic-only \
-      --json "$OUT/dynboth_bench.json" --variant "bert:hopper-symbolic=$V/hopper-symbolic.yaml" \
+      --json "$OUT/dynboth_bench.json" --variant "bert:no-hopper-symbolic=$V/no-hopper-symbolic.yaml" \
       --variant "cnn:symbolic-only=$V/no-optimum-copy.yaml" \
-      --variant "cnn:pad-aware=$V/padding-aware-tiles.yaml" "$@" 2>&1 \
+      --variant "cnn:no-pad-aware=$V/no-padding-aware-tiles.yaml" "$@" 2>&1 \
       | tee "$OUT/dynboth_bench.log" | tail -24
     ;;
   dynprof)
     # why the dynamic CNN is slower than a static build at batch 32 (1.39x on 2026-12-05):
     # the CNN's static b1/b8/b32, default dynamic and symbolic-only builds timed, then both
-    # b32 libraries' kernels profiled (benchmarks/kernel_profile.py) at batch 32; the
-    # padding-aware tiles (cuda.padding_aware_tiles) as a variant of the dynamic build
+    # b32 libraries' kernels profiled (benchmarks/kernel_profile.py) at batch 32; the tiles
+    # chosen without weighing their padding (cuda.padding_aware_tiles off) as a variant
     w=/tmp/amp-dynprof
     timeout 400 "$PY" benchmarks/dynamic_bench.py --models cnn --workdir "$w" --jobs 6 \
       --repeat 30 --warmup 5 --json "$OUT/dynprof_bench.json" \
-      --variant pad-aware=benchmarks/variants/padding-aware-tiles.yaml "$@" 2>&1 \
+      --variant no-pad-aware=benchmarks/variants/no-padding-aware-tiles.yaml "$@" 2>&1 \
       | tee "$OUT/dynprof_bench.log" | tail -14
-    for kind in "static b32" "dynamic" "dynamic pad-aware"; do
+    for kind in "static b32" "dynamic" "dynamic no-pad-aware"; do
       lib=$("$PY" -c 'import json,sys; b=[b for b in json.load(open(sys.argv[1]))["builds"]
 if b["kind"] == sys.argv[2]]; print(b[0]["out"] + "/model.so" if b else "")' \
         "$OUT/dynprof_bench.json" "$kind")
