@@ -18,7 +18,8 @@ SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
 def gather(n=8, c=3, hw=64, k=7, stride=2):
     """An im2col as amp's conv_gemm writes it for an NCHW fp32 image: [N, OH, OW, K*K*C] fp16,
-    zero where the window leaves the image (the ResNet stem's shape, smaller)."""
+    zero where the window leaves the image (the ResNet stem's shape, smaller). ``n`` may be a
+    symbolic batch (a ``tirx.Var``)."""
     from tvm import te
 
     pad = k // 2
@@ -113,21 +114,7 @@ def test_gather_matches_numpy():
 
 def _symbolic_gather(hw=224):
     """:func:`gather` over a symbolic batch ``n``."""
-    from tvm import te
-
-    n = tvm.tirx.Var("n", "int64")
-    c, k, stride, pad, out_hw = 3, 7, 2, 3, hw // 2
-    x = te.placeholder((n, c, hw, hw), "float32", name="x")
-
-    def at(b, oh, ow, q):
-        kh, kw, ch = q // (k * c), q % (k * c) // c, q % c
-        ih, iw = oh * stride + kh - pad, ow * stride + kw - pad
-        inside = tvm.tirx.all(ih >= 0, ih < hw, iw >= 0, iw < hw)
-        return tvm.tirx.if_then_else(inside, x[b, ch, ih, iw].astype("float16"),
-                                     tvm.tirx.const(0, "float16"))
-
-    y = te.compute((n, out_hw, out_hw, k * k * c), at, name="im2col")
-    return te.create_prim_func([x, y]).with_attr("global_symbol", "main")
+    return gather(n=tvm.tirx.Var("n", "int64"), hw=hw)
 
 
 def test_symbolic_batch_is_counted_at_the_optimum(monkeypatch):

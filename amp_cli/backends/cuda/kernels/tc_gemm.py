@@ -19,13 +19,12 @@ All schedule primitives used are TVM's; the TVM-version-specific imports go thro
 """
 from __future__ import annotations
 
-
 from .... import tvm_compat
 from .intrinsics import register_bf16_wmma
-from .tc_tiles import (ACC_PAD, CANDIDATES, DEEP_K_MIN, FRAG, FULL_WAVE,  # noqa: F401
-                       MIN_SPLIT_K, NARROW, PAD_SLACK, SPLIT_K_FACTORS, WARP, TileConfig,
-                       choose_config, ctas, deepen, fitting, padded, split_k_factor,
-                       tile_variants, unpadded)
+# the tile choice (tc_tiles.py); the names its callers reach through this module re-exported
+from .tc_tiles import (ACC_PAD, CANDIDATES, FRAG, NARROW, PAD_SLACK, WARP,  # noqa: F401
+                       TileConfig, choose_config, fitting, padded, split_k_factor,
+                       tile_variants)
 
 
 def dispatch(funcs, size, starts: list[int]):
