@@ -142,6 +142,12 @@ class CudaConfig:
     # for every M (H100 2026-12-07: dynamic BERT 0.73x / 0.96x / 0.61x at batch 1 / 8 / 32;
     # docs/dynamic-shapes.md)
     hopper_symbolic_m: bool = True
+    # ... with one kernel per tile width over the rows' range, chosen on the host from M
+    # (batch 1 gets the narrow tile its static build gets), instead of one planned at the optimum
+    hopper_m_variants: bool = True
+    # pointwise convs over a symbolic batch, C >= hopper_min_k: one GEMM over the N*H*W rows on
+    # those Hopper kernels instead of a batched wmma GEMM per image (opt-in until timed)
+    pointwise_flat_rows: bool = False
 
 
 @dataclass

@@ -44,6 +44,9 @@ case "$step" in
       "tests/backends/test_odd_sizes.py::test_odd_pt2_on_gpu" \
       tests/backends/cuda/test_exact_pow.py \
       "tests/backends/cuda/test_tc_gemm.py::test_symbolic_m_gemm_matches_fp32_reference_at_every_m" \
+      "tests/backends/cuda/test_hopper_gemm.py::test_symbolic_rows_over_a_range_match_float64" \
+      "tests/backends/cuda/test_hopper_gemm.py::test_fused_tail_matches_float64" \
+      "tests/backends/cuda/test_conv_gemm.py::test_wide_pointwise_convs_on_gpu" \
       "tests/backends/cuda/test_norm_cast.py::test_symbolic_rows_match_float64_on_gpu" \
       "tests/backends/cuda/test_tc_gemm.py::test_tile_variants_match_fp32_reference_on_both_sides_of_each_step" \
       "tests/backends/cuda/test_conv_gemm.py::test_symbolic_batch_convs_on_gpu" \
@@ -142,15 +145,17 @@ case "$step" in
     ;;
   dynboth)
     # issue 22's latency bar in one call, no profiles: BERT and the CNN, static b1/b8/b32
-    # against the default dynamic build, BERT also with its symbolic-row GEMMs on the wmma
-    # tiles, the CNN also without the optimum copy (captured per shape since 2026-12-07) and
-    # without the padding-aware tiles (H100 run of 2026-12-07: docs/benchmarks.md)
+    # against the default dynamic build; BERT also with one symbolic-row Hopper kernel per
+    # GEMM (planned at the optimum) instead of one per tile width, the CNN also with its wide
+    # 1x1 convs as one GEMM over N*H*W rows, with and without the optimum copy (the H100 run
+    # of 2026-12-07 15:47, docs/benchmarks.md, settled the earlier variants)
     V=benchmarks/variants
     timeout "${DYN_TIMEOUT_S:-560}" "$PY" benchmarks/dynamic_bench.py --models bert,cnn \
       --workdir /tmp/amp-dynprof --jobs 8 --repeat 30 --warmup 5 --no-symbolic-only \
-      --json "$OUT/dynboth_bench.json" --variant "bert:no-hopper-symbolic=$V/no-hopper-symbolic.yaml" \
-      --variant "cnn:symbolic-only=$V/no-optimum-copy.yaml" \
-      --variant "cnn:no-pad-aware=$V/no-padding-aware-tiles.yaml" "$@" 2>&1 \
+      --json "$OUT/dynboth_bench.json" \
+      --variant "bert:no-m-variants=$V/no-hopper-m-variants.yaml" \
+      --variant "cnn:pointwise-flat=$V/pointwise-flat.yaml" \
+      --variant "cnn:flat-no-copy=$V/pointwise-flat-no-copy.yaml" "$@" 2>&1 \
       | tee "$OUT/dynboth_bench.log" | tail -24
     ;;
   dynprof)

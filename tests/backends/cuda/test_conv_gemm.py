@@ -307,3 +307,92 @@ def test_symbolic_batch_convs_on_gpu(tmp_path):
         assert got.shape == (batch, 100)
         m = metrics(ref, got)
         assert m["rel_l2"] <= 5e-3, (batch, m)
+
+
+# ----------------------------------------------------- pointwise convs as N*H*W rows (Hopper)
+def test_wide_pointwise_convs_over_a_symbolic_batch_read_flat_rows():
+    """With the symbolic-row Hopper GEMMs on (``flat_min_k``), a pointwise conv with enough
+    channels becomes one GEMM over M = N*H*W (no per-image weight broadcast); a narrower one
+    stays batched, and without ``flat_min_k`` every one does. Values match conv2d on llvm."""
+    batch = tvm.tirx.Var("batch", "int64")
+    for c, o, flat_min_k, flat in ((512, 128, 512, True), (256, 128, 512, False),
+                                   (512, 128, None, False), (512, 96, 512, False)):
+        module = _conv_module(batch, c, 7, 7, o, 1, 1, 0)
+        new = conv_to_gemm(module, implicit=True, flat_min_k=flat_min_k)
+        assert ("weight_per_image" in new.script()) != flat, (c, o, flat_min_k)
+        for n in (1, 3):
+            x = np.random.default_rng(n).uniform(-2, 2, (n, c, 7, 7)).astype("float16")
+            ref, got = _run_llvm(module, x), _run_llvm(new, x)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def _dynamic_pointwise_model(tmp_path):
+    """conv 1x1 512->128 + BN + ReLU, then 1x1 128->512 + BN and a residual add (ResNet's
+    bottleneck ends at 7x7) over a symbolic batch."""
+    import onnx
+
+    from amp_cli import load
+    from amp_cli.models import GraphBuilder
+
+    b = GraphBuilder(0)
+    y = b.conv_bn_relu("input", 512, 128, k=1)
+    y = b.conv_bn_relu(y, 128, 512, k=1, relu=False)
+    x = b.op("Relu", [b.op("Add", ["input", y])])
+    model = b.model([("input", [2, 512, 7, 7], "float32")], [(x, [2, 512, 7, 7], "float32")])
+    for value in list(model.graph.input) + list(model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    path = tmp_path / "pointwise_dynamic.onnx"
+    onnx.save(model, str(path))
+    return load(str(path), input_shapes={"input": ["1..32(8)", 512, 7, 7]})
+
+
+def test_wide_pointwise_convs_become_symbolic_row_hopper_gemms(tmp_path):
+    """Through the whole CUDA pipeline for sm_90a, ``cuda.pointwise_flat_rows`` on: the
+    512-channel pointwise conv is a Hopper
+    GEMM over the symbolic rows (wgmma + TMA), the 128-channel one a batched wmma GEMM."""
+    from amp_cli.backends.cuda.pipeline import cuda_relax_pipeline
+    from amp_cli.backends.cuda.tir import cuda_tir_pipeline
+    from amp_cli.config import PrecisionConfig
+    from amp_cli.precision import convert_precision
+
+    model = _dynamic_pointwise_model(tmp_path)
+    mod, _ = convert_precision(model.mod, PrecisionConfig(precision="fp16"))
+    tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    stats, failures = {}, []
+    with tgt:
+        lowered = cuda_relax_pipeline(tgt, rule_failures=failures, rewrite_stats=stats,
+                                      pointwise_flat_rows=True)(mod)
+    assert not failures, failures
+    assert stats.get("hopper_gemm") == 1, stats
+    src = tvm_compat.cuda_source(tvm_compat.compile_relax(
+        lowered, tgt, relax_pipeline=None, tir_pipeline=cuda_tir_pipeline(tgt, [])))
+    assert "wgmma.mma_async" in src and "cp.async.bulk.tensor.2d" in src
+    assert "blockIdx.z" in src   # the 128-channel conv: images on the grid's z
+
+
+@pytest.mark.gpu
+def test_wide_pointwise_convs_on_gpu(tmp_path):
+    """The model above converted for the local GPU (``cuda.pointwise_flat_rows`` on) against
+    ONNX Runtime fp32 at batches
+    1, 3, 8, 17 and 32 (rel L2 <= 5e-3)."""
+    if not tvm_compat.has_cuda_device():
+        pytest.skip("no CUDA device")
+    import amp_cli
+    from amp_cli.accuracy import metrics, random_inputs
+    from amp_cli.config import ConvertConfig
+
+    model = _dynamic_pointwise_model(tmp_path)
+    cfg = ConvertConfig(target="cuda")
+    cfg.cuda.pointwise_flat_rows = True
+    conv = amp_cli.convert(model, cfg, isolate=False)
+    out = tmp_path / "out"
+    conv.save(out)
+    conv.cleanup()
+    dev = tvm_compat.cuda_device()
+    vm = tvm_compat.relax_vm(tvm_compat.load_module(str(out / "model.so")), dev)
+    for batch in (1, 3, 8, 17, 32):
+        feeds = random_inputs(model.inputs_at({"N": batch}), seed=batch)
+        ref = model.reference(feeds)[0]
+        got = vm["main"](tvm_compat.to_tvm_tensor(feeds["input"], dev)).numpy()
+        m = metrics(ref, got)
+        assert m["rel_l2"] <= 5e-3, (batch, m)

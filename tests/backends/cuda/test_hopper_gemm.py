@@ -315,6 +315,48 @@ def test_symbolic_rows_only_when_asked():
     assert "% ((int)seq)" not in kernel and "/ ((int)seq)" not in kernel
 
 
+def test_symbolic_rows_over_a_range_get_one_kernel_per_plan():
+    """Over a range of M each run of M with its own plan gets its own kernel behind a host
+    branch on M: a batch-1 sequence (M = 128) takes the 64-wide tile its static build takes
+    (48 CTAs at N = 3072), not the optimum's 192-wide one (16 CTAs). Both kernels build for
+    sm_90a in one module function."""
+    import re
+
+    func = symbolic_gemm(3072, 1024)
+    ranges = {"batch": (1, 32), "seq": (16, 512)}
+    made = hg.hopper_func(func, symbolic=True, dims={"batch": 8, "seq": 128}, ranges=ranges)
+    assert not isinstance(made, str), made
+    assert str(made.attrs[hg.HOPPER_TILE]) == "128x64x64s6@16,128x192x64s5@897"
+    assert hg.plan(128, 3072, 1024) == hg.Plan(64, 6)   # what batch 1 gets in a static build
+    src = tvm_compat.cuda_source(build(made, "sm_90a"))
+    widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", src))
+    assert widths == {"64", "192"}
+    # one range, one plan: no branch
+    one = hg.hopper_func(func, symbolic=True, ranges={"batch": (8, 32), "seq": (128, 128)})
+    assert str(one.attrs[hg.HOPPER_TILE]) == "128x192x64s5"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("batch,seq", [(1, 16), (1, 128), (3, 50), (4, 160), (8, 128),
+                                       (32, 128)])
+def test_symbolic_rows_over_a_range_match_float64(batch, seq):
+    """Each kernel of the range's plans (M = 16..896 on the 64-wide tile, 1024 and 4096 on the
+    192-wide), chosen on the host from the call's M."""
+    rng = np.random.default_rng(8)
+    n, k = 3072, 1024
+    a = rng.standard_normal((batch, seq, k)).astype("float16")
+    b = (rng.standard_normal((n, k)) / np.sqrt(k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float16")
+    res = rng.standard_normal((batch, seq, n)).astype("float32")
+    c = (a.astype("float64") @ b.astype("float64").T).astype("float16") + bias
+    ref = res + c.astype("float64")
+    made = hg.hopper_func(symbolic_gemm(n, k), symbolic=True,
+                          ranges={"batch": (1, 32), "seq": (16, 512)})
+    out = _run(made, [a, b, bias, res], (batch, seq, n), "float32")
+    assert _rel(out, ref) < 2e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("batch,seq", [(1, 16), (1, 128), (3, 50), (8, 128), (32, 128)])

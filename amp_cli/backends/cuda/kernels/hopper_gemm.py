@@ -96,6 +96,44 @@ def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS, min_k: int = MIN_K):
     return Plan(bn, stages)
 
 
+# kernels per symbolic-row GEMM at most: each is a whole wgmma kernel to compile (BERT's
+# dynamic build went 21 -> 29 s with three, 2x its static build)
+MAX_VARIANTS = 2
+
+
+def plan_variants(lo: int, hi: int, n: int, k: int, sms: int = HOPPER_SMS,
+                  min_k: int = MIN_K, most: int = MAX_VARIANTS):
+    """The plans :func:`plan` makes for a GEMM whose M is symbolic in ``lo..hi``: [(first M,
+    plan), ...] ascending, one entry per run of M with the same plan (an M below one 128-row
+    tile is planned as one tile), or a string saying why not. The plan depends on M only
+    through its count of 128-row blocks and widens as they grow, so the row blocks are walked
+    until the plan at ``hi`` is reached. Of more than ``most`` runs the first ``most - 1`` and
+    the last are kept, each dropped run taken by the narrower plan before it (more CTAs, not
+    fewer).
+
+    >>> [(m, p.bn) for m, p in plan_variants(1, 4096, 3072, 1024, most=3)]
+    [(1, 64), (513, 128), (897, 192)]
+    >>> [(m, p.bn) for m, p in plan_variants(1, 4096, 3072, 1024)]
+    [(1, 64), (897, 192)]
+    >>> plan_variants(128, 4096, 1000, 1024)
+    'N=1000 is not a multiple of 64'
+    """
+    lo, hi = max(lo, 1), max(hi, lo, 1)
+    last = plan(max(hi, BM), n, k, sms, min_k)
+    if isinstance(last, str):
+        return last
+    variants = []
+    rows = -(-lo // BM)
+    while True:
+        start = lo if not variants else (rows - 1) * BM + 1
+        p = plan(rows * BM, n, k, sms, min_k)
+        if not variants or variants[-1][1] != p:
+            variants.append((start, p))
+        if p == last or rows * BM >= hi:
+            return variants if len(variants) <= most else variants[:most - 1] + variants[-1:]
+        rows += 1
+
+
 def build_target(target, enabled: bool = True):
     """The target to compile with: sm_90 becomes sm_90a (wgmma needs it) when the Hopper GEMMs
     are on; any other target is returned as is."""
@@ -315,41 +353,84 @@ def gemm_kernel(match: GemmMatch, p: Plan):
                                        + [main.body]))
 
 
+def _symbolic_plans(match: GemmMatch, sms: int, min_k: int, dims: dict | None,
+                    ranges: dict | None):
+    """[(first M, plan), ...] for a symbolic M: over its range where ``ranges`` ({dim: (lo,
+    hi)}) bound it (:func:`plan_variants`), else one plan at the optimum (``dims``)."""
+    if ranges:
+        lo = tvm_compat.size_upper_bound(match.m, {d: r[0] for d, r in ranges.items()})
+        hi = tvm_compat.size_upper_bound(match.m, {d: r[1] for d, r in ranges.items()})
+        if isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi:
+            return plan_variants(lo, hi, match.n, match.k, sms, min_k)
+    p = plan(max(size_at_optimum(match.m, dims, SYMBOLIC_M_GUESS), BM), match.n, match.k,
+             sms, min_k)
+    return p if isinstance(p, str) else [(1, p)]
+
+
+def _rebind(body, theirs, mine):
+    """``body`` reading the parameters ``mine`` where it read ``theirs``."""
+    T = tvm_compat.tirx()
+    pairs = list(zip(theirs, mine))
+
+    def on_var(var, _mutator):
+        return next((m for t, m in pairs if var.same_as(t)), var)
+
+    return tvm_compat.structural_mutate(body, [(T.Var, on_var)])
+
+
+def _tile_name(p: Plan) -> str:
+    return f"128x{p.bn}x{BK}s{p.stages}"
+
+
 def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool = False,
-                dims: dict | None = None):
+                dims: dict | None = None, ranges: dict | None = None):
     """``func`` rewritten as a Hopper GEMM kernel with the same parameters, or a string saying
-    why not. ``symbolic``: GEMMs whose rows are symbolic too (one kernel for every M: the TMA
-    descriptors are encoded per call from the runtime M, the grid is M's row blocks, the
-    stores are guarded), the tile planned for M at ``dims`` ({dim: optimum})."""
+    why not. ``symbolic``: GEMMs whose rows are symbolic too (the TMA descriptors are encoded
+    per call from the runtime M, the grid is M's row blocks, the stores are guarded). Over
+    ``ranges`` ({dim: (lo, hi)}) each run of M with its own plan gets its own kernel, chosen by
+    a host-side branch on M (a batch-1 sequence of 128 rows takes the 64-wide tile that fills
+    the GPU, as its static build does, not the optimum's wider one); without ranges one kernel,
+    planned for M at ``dims`` ({dim: optimum})."""
     T = tvm_compat.tirx()
     match = match_gemm(func, symbolic)
     if isinstance(match, str):
         return match
-    m_plan = match.m
-    if not isinstance(m_plan, int):  # one kernel for every M: any M >= 1 runs (guarded)
-        m_plan = max(size_at_optimum(match.m, dims, SYMBOLIC_M_GUESS), BM)
-    p = plan(m_plan, match.n, match.k, sms, min_k)
-    if isinstance(p, str):
-        return p
-    kernel = gemm_kernel(match, p)
+    if isinstance(match.m, int):
+        plans = plan(match.m, match.n, match.k, sms, min_k)
+        plans = plans if isinstance(plans, str) else [(1, plans)]
+    else:
+        plans = _symbolic_plans(match, sms, min_k, dims, ranges)
+    if isinstance(plans, str):
+        return plans
+    kernels = [gemm_kernel(match, p) for _, p in plans]
+    first = kernels[0]
     # Same parameter list as ``func``: the kernel's own A/B/out parameters in their places,
     # the epilogue's other buffers (bias, residual) from ``func``.
     params = []
     for param in func.params:
-        mine = [k for v, k in zip((match.a, match.b, match.out), kernel.params) if v.same_as(param)]
+        mine = [k for v, k in zip((match.a, match.b, match.out), first.params) if v.same_as(param)]
         params.append(mine[0] if mine else param)
+    body = first.body
+    for (start, _), kernel in zip(plans[1:], kernels[1:]):
+        # the later kernels read the first one's parameters; the branch is host code, marked
+        # thread-invariant as tc_gemm.dispatch's is
+        cond = T.call_intrin("bool", "tirx.tvm_thread_invariant",
+                             tvm_compat.index32(match.m) >= start)
+        body = T.IfThenElse(cond, _rebind(kernel.body, kernel.params, first.params), body)
     attrs = dict(func.attrs.items()) if func.attrs else {}
-    attrs.update({TIRX_KERNEL: True, IS_SCHEDULED: True,
-                  HOPPER_TILE: f"128x{p.bn}x{BK}s{p.stages}"})
+    tile = _tile_name(plans[0][1]) if len(plans) == 1 else \
+        ",".join(f"{_tile_name(p)}@{start}" for start, p in plans)
+    attrs.update({TIRX_KERNEL: True, IS_SCHEDULED: True, HOPPER_TILE: tile})
     attrs.pop(OP_PATTERN, None)
-    return T.PrimFunc(params, kernel.body).with_attrs(attrs)
+    return T.PrimFunc(params, body).with_attrs(attrs)
 
 
 def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
-                     symbolic: bool = False, dims: dict | None = None):
+                     symbolic: bool = False, dims: dict | None = None,
+                     ranges: dict | None = None):
     """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
     (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``
-    (``symbolic``, ``dims``: :func:`hopper_func`)."""
+    (``symbolic``, ``dims``, ``ranges``: :func:`hopper_func`)."""
     tvm = tvm_compat.tvm()
     sms = sm_count(arch_sm(target))
 
@@ -359,7 +440,7 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
         for gv, f in mod.functions_items():
             if not isinstance(f, tvm_compat.prim_func_class()):
                 continue
-            made = hopper_func(f, sms, min_k, symbolic, dims)
+            made = hopper_func(f, sms, min_k, symbolic, dims, ranges)
             if not isinstance(made, str):
                 updates[gv] = made
         if stats is not None and updates:
@@ -370,10 +451,11 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
 
 
 @register("hopper_gemm", "tir", 10, switch="hopper_gemm",
-          reads=("hopper_min_k", "hopper_symbolic_m"),
+          reads=("hopper_min_k", "hopper_symbolic_m", "hopper_m_variants"),
           labels={"hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"})
 def make_pass(ctx):
     if not enabled_for(ctx.target):
         return None
     return hopper_gemm_pass(ctx.target, ctx.stats, ctx.cuda.hopper_min_k,
-                            ctx.cuda.hopper_symbolic_m, ctx.dims)
+                            ctx.cuda.hopper_symbolic_m, ctx.dims,
+                            ctx.ranges if ctx.cuda.hopper_m_variants else None)

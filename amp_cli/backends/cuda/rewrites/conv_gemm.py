@@ -55,6 +55,7 @@ from .... import tvm_compat
 from ....dtypes import LOW_TYPES
 from ...layout import REPORT_LABELS as LAYOUT_LABELS
 from ...layout import NUMPY_DTYPES, convert_layout
+from ..kernels import hopper_gemm
 from ..registry import register
 from .base import add_counts, calls, conv2d_in, module_pass, rewrite_calls, shape_of, \
     static_shape
@@ -226,10 +227,24 @@ def _weight_value(expr, lookup):
     return value if value is not None and str(value.dtype) in NUMPY_DTYPES else None
 
 
-def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True, lookup=None):
+def flat_rows_fit(c: int, o: int, min_k: int | None) -> bool:
+    """Whether a pointwise conv over a symbolic batch reads its image as M = N*H*W rows:
+    only where ``min_k`` is given (the symbolic-row Hopper GEMMs are on: their TMA copies
+    read the rows as one [M, C] matrix, with no index arithmetic per element) and those
+    kernels take its sizes (C >= min_k, both sides whole 64-wide steps; hopper_gemm.plan).
+
+    >>> flat_rows_fit(2048, 512, 512), flat_rows_fit(256, 1024, 512), flat_rows_fit(512, 96, 512)
+    (True, False, False)
+    """
+    return min_k is not None and c >= max(min_k, 64) and c % 64 == 0 and o % 64 == 0
+
+
+def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True, lookup=None,
+                  flat_min_k: int | None = None):
     """Emit the GEMM form of an NHWC/OHWI conv2d call; returns (the replacement expression,
     whether it is an implicit GEMM). ``implicit``: convs with C a multiple of 8 read the image
-    inside the GEMM (no im2col); ``pad_stems``: image stems too, padded to 8 channels."""
+    inside the GEMM (no im2col); ``pad_stems``: image stems too, padded to 8 channels;
+    ``flat_min_k``: :func:`flat_rows_fit`'s."""
     tvm = tvm_compat.tvm()
     relax, te, tirx = tvm.relax, tvm.te, tvm.tirx
     a = call.attrs
@@ -264,9 +279,11 @@ def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True, look
             w = bb.emit(relax.op.nn.pad(w, [0, 0, 0, 0, 0, 0, 0, extra]))
         c = IMPLICIT_CHANNEL_MULTIPLE
     # a symbolic batch: a batched GEMM (module docstring), a pointwise conv too where its sides
-    # allow (over M = N*H*W it ran 30-50x slower than static on the H100, 2026-12-05)
+    # allow (over M = N*H*W on wmma tiles it ran 30-50x slower than static on the H100,
+    # 2026-12-05) unless a symbolic-row Hopper GEMM takes it (flat_rows_fit)
     batched = not isinstance(n, int) and \
-        min(ho * wo, o, _padded_k(dict(kh=kh, kw=kw, c=c))) >= BATCHED_MIN_SIDE
+        min(ho * wo, o, _padded_k(dict(kh=kh, kw=kw, c=c))) >= BATCHED_MIN_SIDE and \
+        not (pointwise and flat_rows_fit(c, o, flat_min_k))
     if pointwise and batched and c % IMPLICIT_CHANNEL_MULTIPLE == 0:
         wmat = weight_matrix(c)
         return bb.call_te(lambda at, bt: _gemm_nt(te, at, bt, out_dtype, True), x, wmat,
@@ -294,11 +311,13 @@ def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True, look
 
 
 def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None,
-                 pad_stems: bool = True):
+                 pad_stems: bool = True, flat_min_k: int | None = None):
     """Return ``mod`` with eligible conv2d calls in GEMM form (see the module docstring); a module
     without any is returned unchanged (no layout change). ``implicit``: implicit GEMM (no im2col
     tensor) for convs whose channel count is a multiple of 8, and with ``pad_stems`` for image
-    stems (``stem_channels``). ``stats`` counts what changed."""
+    stems (``stem_channels``); ``flat_min_k``: pointwise convs over a symbolic batch with at
+    least that many channels read their image as N*H*W rows (:func:`flat_rows_fit`).
+    ``stats`` counts what changed."""
     relax = tvm_compat.relax()
     if not count_gemm_convs(mod):
         return mod
@@ -309,7 +328,7 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None,
     def rewrite(bb, call, lookup):
         if not _is_candidate(call, want_layout="NHWC"):
             return None
-        new, is_implicit = _rewrite_conv(bb, call, implicit, pad_stems, lookup)
+        new, is_implicit = _rewrite_conv(bb, call, implicit, pad_stems, lookup, flat_min_k)
         implicit_count.append(is_implicit)
         return new
 
@@ -321,15 +340,20 @@ def conv_to_gemm(mod, implicit: bool = False, stats: dict | None = None,
 
 
 def conv_to_gemm_pass(implicit: bool = False, stats: dict | None = None,
-                      pad_stems: bool = True):
+                      pad_stems: bool = True, flat_min_k: int | None = None):
     """``conv_to_gemm`` as a module pass (run after precision conversion, before LegalizeOps)."""
-    return module_pass(lambda mod: conv_to_gemm(mod, implicit, stats, pad_stems),
+    return module_pass(lambda mod: conv_to_gemm(mod, implicit, stats, pad_stems, flat_min_k),
                        "AmpConvToGemm")
 
 
 @register("conv_as_gemm", "graph", 10, switch="conv_as_gemm",
-          reads=("implicit_gemm", "pad_stem_channels"),
+          reads=("implicit_gemm", "pad_stem_channels", "pointwise_flat_rows", "hopper_gemm",
+                 "hopper_symbolic_m", "hopper_min_k"),
           labels={"convs_as_gemm": "convolutions as GEMMs",
                   "implicit_gemm_convs": "of them implicit GEMMs", **LAYOUT_LABELS})
 def make_pass(ctx):
-    return conv_to_gemm_pass(ctx.cuda.implicit_gemm, ctx.stats, ctx.cuda.pad_stem_channels)
+    cuda = ctx.cuda
+    flat = cuda.pointwise_flat_rows and cuda.hopper_gemm and cuda.hopper_symbolic_m and \
+        hopper_gemm.enabled_for(ctx.target)
+    return conv_to_gemm_pass(cuda.implicit_gemm, ctx.stats, cuda.pad_stem_channels,
+                             cuda.hopper_min_k if flat else None)
