@@ -142,6 +142,10 @@ class CudaConfig:
     # for every M (H100 2026-12-07: dynamic BERT 0.73x / 0.96x / 0.61x at batch 1 / 8 / 32;
     # docs/dynamic-shapes.md)
     hopper_symbolic_m: bool = True
+    # kernels over symbolic extents compute their indices in int32 where the ranges' maxima keep
+    # every buffer under 2**30 elements (int64 division is emulated on the GPU; backends/cuda/
+    # tir/index32.py)
+    index32: bool = True
     # ... with one kernel per tile width over the rows' range, chosen on the host from M
     # (batch 1 gets the narrow tile its static build gets), instead of one planned at the optimum
     hopper_m_variants: bool = True

@@ -8,6 +8,7 @@ LEGACY_IS_SCHEDULED = "tir.is_scheduled"  # the pre-0.27 spelling, still honoure
 NOALIAS = "tirx.noalias"
 IS_HOST_FUNC = "tirx.is_host_func"  # TVM's: a host-side PrimFunc (the VM's shape functions)
 TIRX_KERNEL = "amp.tirx"  # written in TIRx: lowered by TVM's TIRx pipeline (hopper_gemm)
+INDEX32 = "amp.index32"  # a kernel over symbolic extents whose ranges allow int32 indices
 HOPPER_TILE = "amp.hopper_tile"  # the wgmma tile a Hopper GEMM kernel uses (for reports)
 TUNED_WORKLOAD = "amp.tuned_workload"  # set on kernels that took a tuning record
 OP_PATTERN = "op_pattern"  # Relax's fusion pattern of a PrimFunc

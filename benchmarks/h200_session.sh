@@ -47,6 +47,7 @@ case "$step" in
       "tests/backends/cuda/test_hopper_gemm.py::test_symbolic_rows_over_a_range_match_float64" \
       "tests/backends/cuda/test_hopper_gemm.py::test_fused_tail_matches_float64" \
       "tests/backends/cuda/test_conv_gemm.py::test_wide_pointwise_convs_on_gpu" \
+      "tests/backends/cuda/test_conv_gemm.py::test_symbolic_batch_convs_on_gpu" \
       "tests/backends/cuda/test_norm_cast.py::test_symbolic_rows_match_float64_on_gpu" \
       "tests/backends/cuda/test_tc_gemm.py::test_tile_variants_match_fp32_reference_on_both_sides_of_each_step" \
       "tests/backends/cuda/test_conv_gemm.py::test_symbolic_batch_convs_on_gpu" \
@@ -145,18 +146,21 @@ case "$step" in
     ;;
   dynboth)
     # issue 22's latency bar in one call, no profiles: BERT and the CNN, static b1/b8/b32
-    # against the default dynamic build; BERT also with one symbolic-row Hopper kernel per
-    # GEMM (planned at the optimum) instead of one per tile width, the CNN also with its wide
-    # 1x1 convs as one GEMM over N*H*W rows, with and without the optimum copy (the H100 run
-    # of 2026-12-07 15:47, docs/benchmarks.md, settled the earlier variants)
+    # against the default dynamic build; both also with int64 indices (no-index32), BERT also
+    # with one symbolic-row Hopper kernel per GEMM (planned at the optimum) instead of one per
+    # tile width, the CNN also without the optimum copy (symbolic kernels at every batch:
+    # what a build half as long would give) and so with its wide 1x1 convs as one GEMM over
+    # N*H*W rows (the H100 run of 2026-12-07 15:47, docs/benchmarks.md, settled the earlier
+    # variants)
     V=benchmarks/variants
     timeout "${DYN_TIMEOUT_S:-560}" "$PY" benchmarks/dynamic_bench.py --models bert,cnn \
       --workdir /tmp/amp-dynprof --jobs 8 --repeat 30 --warmup 5 --no-symbolic-only \
       --json "$OUT/dynboth_bench.json" \
+      --variant "no-index32=$V/no-index32.yaml" \
       --variant "bert:no-m-variants=$V/no-hopper-m-variants.yaml" \
-      --variant "cnn:pointwise-flat=$V/pointwise-flat.yaml" \
+      --variant "cnn:no-copy=$V/no-optimum-copy.yaml" \
       --variant "cnn:flat-no-copy=$V/pointwise-flat-no-copy.yaml" "$@" 2>&1 \
-      | tee "$OUT/dynboth_bench.log" | tail -24
+      | tee "$OUT/dynboth_bench.log" | tail -28
     ;;
   dynprof)
     # why the dynamic CNN is slower than a static build at batch 32 (1.39x on 2026-12-05):

@@ -41,6 +41,7 @@ from .rewrites import (cast_hoist, combine_gemm, conv1d, conv_gemm, depthwise_co
                        epilogue_split, fused_attention, matmul_nt, mean_as_sum, norm_cast,
                        permute_sink, reshape_sink)
 from .rules import depthwise, dlight_rules, injective, matmul  # noqa: F401
+from .tir import index32  # noqa: F401
 
 RENAMED = "names_made_identifiers"  # build-report count of make_identifiers' renames
 
@@ -130,6 +131,9 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
         # ones only when named in capture_symbolic_vars, which amp never sets), so a dynamic
         # build captures main_optimum and the static parts of main_dynamic, one graph each
         config.update(cuda_graph_config(cuda.cuda_graph))
+        # a dynamic module's optima and ranges, for the passes whose kernels serve every size
+        # (the Hopper GEMMs' plans, the index width)
+        mod_ctx = dataclasses.replace(ctx, dims=optimum_sizes(mod), ranges=dim_ranges(mod))
         with target, tvm.transform.PassContext(opt_level=pass_ctx.opt_level, config=config,
                                                instruments=list(pass_ctx.instruments)):
             # first: the passes below name kernels' buffers after these variables
@@ -142,13 +146,13 @@ def cuda_relax_pipeline(target, cuda: CudaConfig | None = None, extra_schedule_p
             # after it (a GEMM's GELU, a residual add) would run as kernels of their own
             passes = (cuda_pipe.library_dispatch_passes(target)
                       + [relax.transform.CanonicalizeBindings()]
-                      + registry.made("graph", ctx)
+                      + registry.made("graph", mod_ctx)
                       + [relax.transform.CanonicalizeBindings(),
                          relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                          relax.transform.FoldConstant(), relax.transform.FuseOps()]
-                      + registry.made("fused", ctx)
+                      + registry.made("fused", mod_ctx)
                       + [relax.transform.FuseTIR()]
-                      + registry.made("tir", ctx))
+                      + registry.made("tir", mod_ctx))
             if not stop_before_schedule:
                 passes += (list(extra_schedule_passes or [])
                            + cuda_schedule_passes(target, rule_failures, cuda,

@@ -225,7 +225,7 @@ def test_pipeline_matches_tvm_default():
     ours = names(cuda_tir_pipeline(_target("sm_90"), []))
     wrappers = {"amp.LaneLegalize", "amp.CudaTIRPipeline", "amp.TypedAccessPtr",
                 "amp.SyncStridedAsyncCopy", "amp.ExactPow", "amp.NonFiniteConstants", "_pipeline",
-                "sequential"}
+                "sequential", "amp.NarrowIndex32"}
     ours_wo = [n for n in ours if n not in wrappers]
     stock_wo = [n for n in stock if n not in wrappers]
     # the one pass amp leaves out on purpose (pipeline.py: Hexagon DMA, a no-op or a broken
@@ -241,6 +241,8 @@ def test_pipeline_matches_tvm_default():
     assert ours[j + 1] == "s_tir.InjectPTXAsyncCopy"
     assert ours[ours.index("tirx.LowerIntrin", i):].count("amp.LaneLegalize") >= 1
     assert ours.index("amp.NonFiniteConstants") > ours.index("tirx.LowerIntrin", i)  # last
+    # int32 indices for the kernels marked safe, before TVM's own narrowing (index32.py)
+    assert ours[ours.index("amp.NarrowIndex32") + 1] == "tirx.NarrowDataType"
 
 
 def test_records_are_plain_data():

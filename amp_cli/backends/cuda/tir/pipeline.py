@@ -22,6 +22,7 @@ import itertools
 
 from .... import tvm_compat
 from ....ir_attrs import ASYNC_COPY, TIRX_KERNEL
+from . import index32
 from .access_ptr import typed_access_ptr_pass
 from .async_copy import sync_strided_async_copy_pass
 from .exact_pow import exact_pow_pass
@@ -56,6 +57,7 @@ def _s_tir_main_passes(config, legalize_pass, async_guard=None):
         s_tir.transform.LowerOpaqueBlock(),
         tirx.transform.FlattenBuffer(),
         tirx.transform.BF16ComputeLegalize(),
+        index32.narrow_pass(),  # amp's: kernels over symbolic extents marked safe (index32.py)
         tirx.transform.NarrowDataType(32),
         s_tir.transform.LoopPartition(),
         tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
