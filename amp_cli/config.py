@@ -144,14 +144,18 @@ class CudaConfig:
     hopper_symbolic_m: bool = True
     # kernels over symbolic extents compute their indices in int32 where the ranges' maxima keep
     # every buffer under 2**30 elements (int64 division is emulated on the GPU; backends/cuda/
-    # tir/index32.py)
+    # tir/index32.py; H200 2026-12-07: dynamic ResNet-50 1.34x / 1.46x -> 1.08x / 1.22x its
+    # static builds at batch 1 / 32)
     index32: bool = True
-    # ... with one kernel per tile width over the rows' range, chosen on the host from M
-    # (batch 1 gets the narrow tile its static build gets), instead of one planned at the optimum
+    # ... with one kernel per tile width for the rows below the optimum, chosen on the host
+    # from M (batch 1 gets the narrow tile its static build gets; H200 2026-12-07: dynamic
+    # BERT at batch 1 1.26x -> 1.06x its static build)
     hopper_m_variants: bool = True
     # pointwise convs over a symbolic batch, C >= hopper_min_k: one GEMM over the N*H*W rows on
-    # those Hopper kernels instead of a batched wmma GEMM per image (opt-in until timed)
-    pointwise_flat_rows: bool = False
+    # those Hopper kernels instead of a batched wmma GEMM per image (H200 2026-12-07: dynamic
+    # ResNet-50 1.11x / 1.02x / 1.20x -> 1.02x / 1.03x / 1.12x its static builds at batch
+    # 1 / 8 / 32)
+    pointwise_flat_rows: bool = True
 
 
 @dataclass

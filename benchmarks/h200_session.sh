@@ -147,19 +147,17 @@ case "$step" in
   dynboth)
     # issue 22's latency bar in one call, no profiles: BERT and the CNN, static b1/b8/b32
     # against the default dynamic build; both also with int64 indices (no-index32), BERT also
-    # with one symbolic-row Hopper kernel per GEMM (planned at the optimum) instead of one per
-    # tile width, the CNN also without the optimum copy (symbolic kernels at every batch:
-    # what a build half as long would give) and so with its wide 1x1 convs as one GEMM over
-    # N*H*W rows (the H100 run of 2026-12-07 15:47, docs/benchmarks.md, settled the earlier
-    # variants)
+    # with one symbolic-row Hopper kernel per GEMM (planned at the optimum), the CNN also with
+    # its wide 1x1 convs batched per image and without the optimum copy (a build half as
+    # long). The H200 run of 2026-12-07 17:38 (docs/benchmarks.md) set today's defaults.
     V=benchmarks/variants
     timeout "${DYN_TIMEOUT_S:-560}" "$PY" benchmarks/dynamic_bench.py --models bert,cnn \
       --workdir /tmp/amp-dynprof --jobs 8 --repeat 30 --warmup 5 --no-symbolic-only \
       --json "$OUT/dynboth_bench.json" \
       --variant "no-index32=$V/no-index32.yaml" \
       --variant "bert:no-m-variants=$V/no-hopper-m-variants.yaml" \
-      --variant "cnn:no-copy=$V/no-optimum-copy.yaml" \
-      --variant "cnn:flat-no-copy=$V/pointwise-flat-no-copy.yaml" "$@" 2>&1 \
+      --variant "cnn:no-pointwise-flat=$V/no-pointwise-flat.yaml" \
+      --variant "cnn:no-copy=$V/no-optimum-copy.yaml" "$@" 2>&1 \
       | tee "$OUT/dynboth_bench.log" | tail -28
     ;;
   dynprof)

@@ -172,8 +172,9 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "unroll_injective": True,
                                         "depthwise_conv": True, "hopper_gemm": True,
                                         "hopper_min_k": 512, "hopper_symbolic_m": True,
+                                        "index32": True,
                                         "hopper_m_variants": True,
-                                        "pointwise_flat_rows": False}
+                                        "pointwise_flat_rows": True}
     md = (out / "report.md").read_text()
     assert "CUDA graphs off, convolutions as GEMMs on" in md
     # the graph rewrites are counted: every matmul of tiny_bert has an fp16 constant weight

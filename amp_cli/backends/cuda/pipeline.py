@@ -36,12 +36,11 @@ from .functions import replace_functions
 from .rules.fallible import fallible, recorded_fallback
 
 # Importing a module registers its rewrites / rules (registry.py); each states its order.
-from .kernels import hopper_gemm  # noqa: F401
+from .kernels import hopper_gemm, index_width  # noqa: F401
 from .rewrites import (cast_hoist, combine_gemm, conv1d, conv_gemm, depthwise_conv,  # noqa: F401
                        epilogue_split, fused_attention, matmul_nt, mean_as_sum, norm_cast,
                        permute_sink, reshape_sink)
 from .rules import depthwise, dlight_rules, injective, matmul  # noqa: F401
-from .tir import index32  # noqa: F401
 
 RENAMED = "names_made_identifiers"  # build-report count of make_identifiers' renames
 

@@ -334,6 +334,13 @@ def test_symbolic_rows_over_a_range_get_one_kernel_per_plan():
     # one range, one plan: no branch
     one = hg.hopper_func(func, symbolic=True, ranges={"batch": (8, 32), "seq": (128, 128)})
     assert str(one.attrs[hg.HOPPER_TILE]) == "128x192x64s5"
+    # N = 1024: the optimum's plan (64 wide at M = 1024) is already the narrowest, and M
+    # above the optimum keeps it (128 wide only from M = 1793, and only without an optimum)
+    narrow = symbolic_gemm(1024, 1024)
+    at_opt = hg.hopper_func(narrow, symbolic=True, dims={"batch": 8, "seq": 128}, ranges=ranges)
+    assert str(at_opt.attrs[hg.HOPPER_TILE]) == "128x64x64s6"
+    no_opt = hg.hopper_func(narrow, symbolic=True, ranges=ranges)
+    assert str(no_opt.attrs[hg.HOPPER_TILE]) == "128x64x64s6@16,128x128x64s6@1793"
 
 
 @pytest.mark.gpu

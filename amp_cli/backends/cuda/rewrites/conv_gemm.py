@@ -26,11 +26,13 @@ or read. An image stem (C < 8, overlapping windows: ``stem_channels``) reads its
 to 8 zero-filled channels the same way; other convs keep the explicit im2col.
 
 A dynamic model's batch may be symbolic. A 1x1 stride-1 unpadded convolution could read the
-image as it is, M = N*H*W rows with M padded at run time, but that GEMM ran 30-50x slower than
-the static one (ResNet-50 on the H100, 2026-12-05, benchmarks/kernel_profile.py), so it takes
-the batched form below where its sides allow, and M = N*H*W only where they do not. Any other
-convolution's
-GEMM has producer stages on its A operand (padding, im2col), and over a symbolic M = N*Ho*Wo
+image as it is, M = N*H*W rows with M padded at run time, but on amp's wmma tiles that GEMM ran
+30-50x slower than the static one (ResNet-50 on the H100, 2026-12-05,
+benchmarks/kernel_profile.py), so it takes the batched form below where its sides allow, and
+M = N*H*W only where they do not -- or where the symbolic-row Hopper GEMM takes it
+(:func:`flat_rows_fit`, ``cuda.pointwise_flat_rows``: TMA reads the rows as one [M, C] matrix;
+dynamic ResNet-50 on the H200, 2026-12-07: 1.12x its static build at batch 32 against 1.20x
+batched). Any other convolution's GEMM has producer stages on its A operand (padding, im2col), and over a symbolic M = N*Ho*Wo
 neither amp's schedule nor dlight's ``MatmulTensorization`` can place that operand's
 shared-memory copy in the K loop (TVM's ``compute_at`` refuses the scope): it would lose its
 tensor cores, and as a plain conv2d it ran 10-140x slower than the static build (ResNet-50 on the

@@ -8,8 +8,8 @@ wider index arithmetic defeats the alignment proofs behind 16-byte ``cp.async`` 
 dynamic ResNet-50 stem read its weights in 8-byte pieces where the static build reads 16).
 
 A dynamic build knows more: every dynamic dim has a range, and ``main`` checks the range before
-any kernel runs (compile/dynamic.py). :func:`mark_pass` (a "tir" stage pass, which sees the
-ranges) marks each PrimFunc whose every buffer -- parameters and intermediates -- has fewer than
+any kernel runs (compile/dynamic.py). :func:`mark_pass` (a "tir" stage pass of the CUDA
+pipeline, registered in kernels/index_width.py, which sees the ranges) marks each PrimFunc whose every buffer -- parameters and intermediates -- has fewer than
 ``LIMIT`` elements with each dim at its maximum; :func:`narrow_pass`, in the TIR pipeline right
 before ``NarrowDataType``, runs TVM's ``ForceNarrowIndexToInt32`` on the marked ones only. A
 kernel with a dim that has no range, or a buffer that could reach ``LIMIT``, keeps int64.
@@ -21,13 +21,21 @@ import math
 
 from .... import tvm_compat
 from ....ir_attrs import INDEX32, IS_HOST_FUNC, TIRX_KERNEL
-from ..functions import replace_functions
-from ..registry import register
 
 # elements per buffer at most: half of int32's range, so that an index a few rows or a padding
 # offset past a buffer's end (a masked last tile, an implicit GEMM's border) cannot wrap either
 LIMIT = 1 << 30
 WIDE_DATA = ("int64", "uint64")
+
+
+def _replaced(mod, updates: dict):
+    """``mod`` with the PrimFuncs of ``updates`` ({GlobalVar: PrimFunc}) in place of its own."""
+    if not updates:
+        return mod
+    out = mod.clone()
+    for gv, func in updates.items():
+        out[gv] = func
+    return out
 
 
 def _buffers(func) -> list:
@@ -85,15 +93,9 @@ def mark_pass(ranges: dict, stats: dict | None = None):
                 marked[gv] = f.with_attr(INDEX32, True)
         if stats is not None and marked:
             stats["index32_kernels"] = stats.get("index32_kernels", 0) + len(marked)
-        return replace_functions(mod, marked)
+        return _replaced(mod, marked)
 
     return _pass
-
-
-@register("index32", "tir", 90, switch="index32",
-          labels={"index32_kernels": "kernels over symbolic extents with 32-bit indices"})
-def make_pass(ctx):
-    return mark_pass(ctx.ranges, ctx.stats) if ctx.ranges else None
 
 
 def narrow_pass():
@@ -104,7 +106,7 @@ def narrow_pass():
 
     @tvm.transform.module_pass(opt_level=0, name="amp.NarrowIndex32")
     def _pass(mod, _ctx):
-        return replace_functions(mod, {
+        return _replaced(mod, {
             gv: force(tvm.IRModule({gv: f}))[gv] for gv, f in mod.functions_items()
             if isinstance(f, tvm_compat.prim_func_class()) and f.attrs and f.attrs.get(INDEX32)})
 
