@@ -127,6 +127,10 @@ class CudaConfig:
     # image's 49 rows in 128-row tiles, N = 64 in 128-wide ones); H100 2026-12-07: resnet50
     # 0.767 -> 0.741 ms, efficientnet_b0 0.672 -> 0.657, dynamic ResNet-50 at batch 32 0.89x
     padding_aware_tiles: bool = True
+    # GEMMs over a symbolic size: wmma tile variants over its whole range (one kernel per tile
+    # a static build would pick at each size); false: only up to the optimum, whose tile serves
+    # every size above it (fewer kernels: a shorter dynamic build; opt-in until timed)
+    tile_variants_above_optimum: bool = True
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
     # image stems (C < 8, overlapping windows) read their input padded to 8 channels likewise

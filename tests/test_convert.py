@@ -169,6 +169,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "fused_norm_cast": True,
                                         "small_gemm": True, "narrow_gemm": True,
                                         "padding_aware_tiles": True,
+                                        "tile_variants_above_optimum": True,
                                         "unroll_injective": True,
                                         "depthwise_conv": True, "hopper_gemm": True,
                                         "hopper_min_k": 512, "hopper_symbolic_m": True,

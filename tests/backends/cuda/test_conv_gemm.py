@@ -396,3 +396,19 @@ def test_wide_pointwise_convs_on_gpu(tmp_path):
         got = vm["main"](tvm_compat.to_tvm_tensor(feeds["input"], dev)).numpy()
         m = metrics(ref, got)
         assert m["rel_l2"] <= 5e-3, (batch, m)
+
+
+def test_tile_variants_to_the_optimum_compile_fewer_kernels(tmp_path):
+    """``cuda.tile_variants_above_optimum`` off: the batched conv GEMMs of the ResNet-shaped
+    graph (batch 1..32, optimum 8) get tile variants only up to batch 8, so fewer kernels than
+    over the whole range, and still every conv a wmma GEMM."""
+    model = _dynamic_resnet_like(tmp_path)
+    counts = {}
+    for above in (True, False):
+        failures = []
+        _, kernels = _build_sm90(model, "fp16", failures, tile_variants_above_optimum=above)
+        assert not failures, failures
+        gemms = {k: tc for k, tc in kernels.items() if "conv_gemm" in k}
+        assert gemms and all(gemms.values()), kernels
+        counts[above] = len(gemms)
+    assert counts[False] < counts[True], counts

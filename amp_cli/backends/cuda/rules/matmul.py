@@ -206,8 +206,21 @@ def AmpMatmul(min_extent: int = MIN_EXTENT, own_gemm: bool = True,  # noqa: N802
     return _make_rule()(min_extent, own_gemm, small_m, dims, ranges, narrow, pad_slack)
 
 
-@register("matmul", "rule", 10, reads=("small_gemm", "narrow_gemm", "padding_aware_tiles"))
+def ranges_to_optimum(ranges: dict, dims: dict) -> dict:
+    """``ranges`` ({dim: (lo, hi)}) cut at each dim's optimum (``dims``): tile variants chosen
+    over them stop there, and the optimum's tile serves every size above it.
+
+    >>> ranges_to_optimum({"batch": (1, 32), "seq": (16, 512)}, {"batch": 8})
+    {'batch': (1, 8), 'seq': (16, 512)}
+    """
+    return {d: (lo, max(lo, min(hi, dims.get(d, hi)))) for d, (lo, hi) in ranges.items()}
+
+
+@register("matmul", "rule", 10, reads=("small_gemm", "narrow_gemm", "padding_aware_tiles",
+                                       "tile_variants_above_optimum"))
 def make_rule(ctx):
-    return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims, ranges=ctx.ranges,
+    ranges = ctx.ranges if ctx.cuda.tile_variants_above_optimum else \
+        ranges_to_optimum(ctx.ranges, ctx.dims)
+    return AmpMatmul(small_m=ctx.cuda.small_gemm, dims=ctx.dims, ranges=ranges,
                      narrow=ctx.cuda.narrow_gemm,
                      pad_slack=tc_gemm.PAD_SLACK if ctx.cuda.padding_aware_tiles else None)
