@@ -23,7 +23,9 @@ Which GEMMs (``hopper_match.match_gemm``): a fused PrimFunc whose first block is
 ``matmul_nt`` produces these) followed only by spatial blocks that end in one output of the
 matmul's shape. Sizes (``plan``): N a multiple of 64, K a multiple of 64 in
 ``cuda.hopper_min_k``..``MAX_K``, M >= 128; with ``cuda.hopper_symbolic_m`` also symbolic M
-(one kernel for every M, planned at the optimum's). Everything else keeps amp's other
+(every M >= 1, guarded: the optimum's plan, and with ``cuda.hopper_m_variants`` a kernel per
+narrower plan below the optimum behind a host branch on M, ``plan_variants``). Everything
+else keeps amp's other
 schedules. Needs sm_90 and compiles for ``sm_90a`` (``build_target``).
 
 The kernels carry ``amp.tirx`` and go through TVM's TIRx lowering (``legalize.pipeline`` routes

@@ -9,8 +9,9 @@ dynamic ResNet-50 stem read its weights in 8-byte pieces where the static build 
 
 A dynamic build knows more: every dynamic dim has a range, and ``main`` checks the range before
 any kernel runs (compile/dynamic.py). :func:`mark_pass` (a "tir" stage pass of the CUDA
-pipeline, registered in kernels/index_width.py, which sees the ranges) marks each PrimFunc whose every buffer -- parameters and intermediates -- has fewer than
-``LIMIT`` elements with each dim at its maximum; :func:`narrow_pass`, in the TIR pipeline right
+pipeline, registered in kernels/index_width.py, which sees the ranges) marks each PrimFunc
+whose every buffer -- parameters and intermediates -- has fewer than ``LIMIT`` elements with
+each dim at its maximum; :func:`narrow_pass`, in the TIR pipeline right
 before ``NarrowDataType``, runs TVM's ``ForceNarrowIndexToInt32`` on the marked ones only. A
 kernel with a dim that has no range, or a buffer that could reach ``LIMIT``, keeps int64.
 amp's TIRx kernels (the Hopper GEMMs) compute in int32 already and are not touched.
