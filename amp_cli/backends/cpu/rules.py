@@ -13,7 +13,8 @@ written with ``tvm.s_tir.Schedule``:
   element is unchanged: results match the unscheduled kernel bit-for-bit). The accumulator
   tile is a ``local`` cache-write buffer, and the elementwise epilogue chain (bias, BN, ReLU,
   residual add, GELU, ...) is inlined into its write-back, so it runs on the tile while it is
-  in registers/L1.
+  in registers/L1. A symbolic row count (a dynamic batch or sequence) is padded to whole row
+  tiles first (``_pad_rows``), so no tile carries a row predicate.
 * **Row-wise** functions (softmax, layer norm: reductions over the last axis followed by
   elementwise ops over rows) run one row per parallel iteration with every stage computed at
   the row, vectorizing the elementwise stages.
@@ -265,7 +266,28 @@ def _same_points(sch, producer, consumer) -> bool:
     return tvm_compat.structural_hash(a) == tvm_compat.structural_hash(b)
 
 
-def _sched_gemm(sch, block, hw: HostModel) -> None:
+def _pad_rows(sch, block, row_var, ti: int, hw: HostModel):
+    """Pad a GEMM's symbolic row axis to whole ``ti``-row tiles (``pad_einsum``): the register
+    tile then needs no predicate, which would keep the accumulators out of registers (TVM
+    cannot bound a predicated tile's cache-write region: the ``local`` accumulator became the
+    whole [M, N] output). The padded row operand and the padded output's copy to the real one
+    are copies of their own (parallel, vectorized): M x K and M x N elements against the
+    GEMM's M x N x K. Returns the GEMM block, or None (nothing changed) when TVM cannot pad
+    it."""
+    name = sch.get(block).name_hint
+    factors = [ti if iv.var.same_as(row_var) else 1 for iv in sch.get(block).iter_vars]
+    before = set(block_names(sch))
+    try:
+        sch.pad_einsum(block, factors)
+    except Exception:  # noqa: BLE001 - not an einsum TVM can pad: keep the masked last tile
+        return None
+    made = [n for n in block_names(sch) if n not in before]
+    for n in made:                 # the padded operand's copy, and the padded output's
+        _sched_injective(sch, sch.get_sblock(n), hw)
+    return sch.get_sblock(name)
+
+
+def _sched_gemm(sch, block, hw: HostModel, padded: bool = False) -> None:
     tvm = tvm_compat.tvm()
 
     its = block_iters(sch, block)
@@ -315,6 +337,10 @@ def _sched_gemm(sch, block, hw: HostModel) -> None:
         ti = row_tile(max(1, min(8, (hw.num_regs - nvec - 2) // nvec)))
     else:
         _, jv, ti = best
+    if i is not None and m_ext is None and ti > 1 and not padded:
+        padded_block = _pad_rows(sch, block, i[1].var, ti, hw)
+        if padded_block is not None:
+            return _sched_gemm(sch, padded_block, hw, padded=True)
 
     work = _bound(sch, [lp for lp, _, _ in its], hw)
 
