@@ -2,6 +2,7 @@
 (loop extents, block iterators, GEMM operands, dtype widths)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ... import tvm_compat
@@ -248,3 +249,42 @@ def has_block(sch, name: str) -> bool:
 def writes_param(sch, block) -> bool:
     params = {str(p.name) for p in sch.mod["main"].params}
     return any(str(region_buffer(w).name) in params for w in sch.get(block).writes)
+
+
+def is_bf16_constant_store(stmt) -> bool:
+    """``stmt`` stores a bfloat16 constant (e.g. max-pool's -inf init). TVM 0.27's
+    BF16StorageLegalize does not rewrite a vector Broadcast of a bf16 constant (the build
+    fails with "buffer's dtype is T.uint16 ... RHS's dtype is T.bfloat16x32"), so such
+    stores stay scalar loops (LLVM still vectorizes the fill)."""
+    tvm = tvm_compat.tvm()
+    return (isinstance(stmt, tvm.tirx.BufferStore) and str(stmt.buffer.dtype) == "bfloat16"
+            and isinstance(stmt.value, tvm.tirx.FloatImm))
+
+
+def stores_bf16_constant(sch, block) -> bool:
+    return is_bf16_constant_store(sch.get(block).body)
+
+
+def expr_is_var(expr, var) -> bool:
+    return type_name(expr) == "Var" and expr.same_as(var)
+
+
+def written_elements(sch, block):
+    """Elements of the buffer ``block`` writes: an int, or the shape when it is symbolic."""
+    shape = list(region_buffer(sch.get(block).writes[0]).shape)
+    try:
+        return math.prod(int(d) for d in shape)
+    except TypeError:
+        return shape
+
+
+def same_points(sch, producer, consumer) -> bool:
+    """Whether ``consumer`` writes as many elements as ``producer`` does. TVM 0.27's
+    reverse_compute_inline accepts a consumer that reads only part of its producer (a Slice
+    dropping the last position, as wav2vec2's "same"-padded positional conv does) and then runs
+    it over the producer's whole domain: the write-back writes one position past the
+    consumer's buffer (rel L2 0.037 on wav2vec2 at fp32, corrupting whatever lies behind)."""
+    a, b = written_elements(sch, producer), written_elements(sch, consumer)
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return tvm_compat.structural_hash(a) == tvm_compat.structural_hash(b)

@@ -36,7 +36,6 @@ compile time.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 
@@ -47,7 +46,8 @@ log = logging.getLogger(__name__)
 from .analysis import (HostModel, SkipRule, block_iters, block_names, contains_if_then_else, divisors_upto, gemm_operands,
                        has_block, host_model, is_reduction, loop_extent, pick_vector,
                        region_buffer, type_name, vector_lanes, vectorizable, walk,
-                       writes_param, const_int, extent_bound, same_extent, static_extent)
+                       writes_param, const_int, extent_bound, same_extent, static_extent,
+                       expr_is_var, is_bf16_constant_store, same_points, stores_bf16_constant)
 from .packing import pack_map
 
 
@@ -183,7 +183,7 @@ def _sched_reduction(sch, block, hw: HostModel) -> None:
         last_lp, last_iv = s_loops[-1]
         # vectorize the innermost spatial axis if it is contiguous in some read
         contiguous = any(
-            len(r.region) > 0 and _expr_is_var(r.region[-1].min, last_iv.var)
+            len(r.region) > 0 and expr_is_var(r.region[-1].min, last_iv.var)
             for r in blk.reads if str(region_buffer(r).name) != str(region_buffer(blk.writes[0]).name))
         if contiguous and (static_extent(sch, last_lp) or 0) >= 2:
             vec_inner = last_lp
@@ -199,7 +199,7 @@ def _sched_reduction(sch, block, hw: HostModel) -> None:
         if outer:
             f = sch.fuse(*outer) if len(outer) > 1 else outer[0]
             _maybe_parallel(sch, f, out_work, hw)
-        bf16_init = bool(r_loops) and _is_bf16_constant_store(blk.init)
+        bf16_init = bool(r_loops) and is_bf16_constant_store(blk.init)
         sch.vectorize(si)
         if r_loops:
             init = sch.decompose_reduction(block, r_loops[0][0])
@@ -217,53 +217,13 @@ def _sched_reduction(sch, block, hw: HostModel) -> None:
         _maybe_parallel(sch, f, out_work, hw)
 
 
-def _is_bf16_constant_store(stmt) -> bool:
-    """``stmt`` stores a bfloat16 constant (e.g. max-pool's -inf init). TVM 0.27's
-    BF16StorageLegalize does not rewrite a vector Broadcast of a bf16 constant (the build
-    fails with "buffer's dtype is T.uint16 ... RHS's dtype is T.bfloat16x32"), so such
-    stores stay scalar loops (LLVM still vectorizes the fill)."""
-    tvm = tvm_compat.tvm()
-    return (isinstance(stmt, tvm.tirx.BufferStore) and str(stmt.buffer.dtype) == "bfloat16"
-            and isinstance(stmt.value, tvm.tirx.FloatImm))
-
-
-def _stores_bf16_constant(sch, block) -> bool:
-    return _is_bf16_constant_store(sch.get(block).body)
-
-
 def _vectorize_innermost(sch, block) -> None:
     loops = sch.get_loops(block)
-    if loops and not _stores_bf16_constant(sch, block):
+    if loops and not stores_bf16_constant(sch, block):
         try:
             sch.vectorize(loops[-1])
         except Exception:  # noqa: BLE001
             pass
-
-
-def _expr_is_var(expr, var) -> bool:
-
-    return type_name(expr) == "Var" and expr.same_as(var)
-
-
-def _written_elements(sch, block):
-    """Elements of the buffer ``block`` writes: an int, or the shape when it is symbolic."""
-    shape = list(region_buffer(sch.get(block).writes[0]).shape)
-    try:
-        return math.prod(int(d) for d in shape)
-    except TypeError:
-        return shape
-
-
-def _same_points(sch, producer, consumer) -> bool:
-    """Whether ``consumer`` writes as many elements as ``producer`` does. TVM 0.27's
-    reverse_compute_inline accepts a consumer that reads only part of its producer (a Slice
-    dropping the last position, as wav2vec2's "same"-padded positional conv does) and then runs
-    it over the producer's whole domain: the write-back writes one position past the
-    consumer's buffer (rel L2 0.037 on wav2vec2 at fp32, corrupting whatever lies behind)."""
-    a, b = _written_elements(sch, producer), _written_elements(sch, consumer)
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    return tvm_compat.structural_hash(a) == tvm_compat.structural_hash(b)
 
 
 def _pad_rows(sch, block, row_var, ti: int, hw: HostModel):
@@ -300,13 +260,13 @@ def _sched_gemm(sch, block, hw: HostModel, padded: bool = False) -> None:
     if not s_its or not r_its:
         raise SkipRule("not a gemm nest")
     last = idx[-1]
-    j = next((t for t in s_its if _expr_is_var(last, t[1].var)), None)
+    j = next((t for t in s_its if expr_is_var(last, t[1].var)), None)
     if j is None:
         raise SkipRule("output's last axis is not a spatial iter")
     # row axis: the nearest spatial iter (in output index order, before j) with extent > 1
     i = None
     for e in reversed(idx[:-1]):
-        cand = next((t for t in s_its if _expr_is_var(e, t[1].var)), None)
+        cand = next((t for t in s_its if expr_is_var(e, t[1].var)), None)
         if cand is not None and (static_extent(sch, cand[0]) or 2) > 1:
             i = cand
             break
@@ -365,8 +325,8 @@ def _sched_gemm(sch, block, hw: HostModel, padded: bool = False) -> None:
         consumers = sch.get_consumers(wb)
         if len(consumers) != 1 or is_reduction(sch, consumers[0]):
             break
-        if not _same_points(sch, wb, consumers[0]):
-            break  # a slice (or broadcast) epilogue: see _same_points
+        if not same_points(sch, wb, consumers[0]):
+            break  # a slice (or broadcast) epilogue: see same_points
         try:
             sch.reverse_compute_inline(consumers[0])
         except Exception:  # noqa: BLE001 - e.g. broadcast/transposed epilogue
@@ -410,7 +370,7 @@ def _pack_weight(sch, block, j, i, jv, hw: HostModel) -> None:
         if params.index(name) not in hw.packable:
             continue
         region = list(r.region)
-        if not region or not _expr_is_var(region[-1].min, j[1].var):
+        if not region or not expr_is_var(region[-1].min, j[1].var):
             continue
         used = set()
         for rg in region:
