@@ -22,21 +22,12 @@ import math
 
 from .... import tvm_compat
 from ....ir_attrs import INDEX32, IS_HOST_FUNC, TIRX_KERNEL
+from ..functions import replace_functions
 
 # elements per buffer at most: half of int32's range, so that an index a few rows or a padding
 # offset past a buffer's end (a masked last tile, an implicit GEMM's border) cannot wrap either
 LIMIT = 1 << 30
 WIDE_DATA = ("int64", "uint64")
-
-
-def _replaced(mod, updates: dict):
-    """``mod`` with the PrimFuncs of ``updates`` ({GlobalVar: PrimFunc}) in place of its own."""
-    if not updates:
-        return mod
-    out = mod.clone()
-    for gv, func in updates.items():
-        out[gv] = func
-    return out
 
 
 def _buffers(func) -> list:
@@ -94,7 +85,7 @@ def mark_pass(ranges: dict, stats: dict | None = None):
                 marked[gv] = f.with_attr(INDEX32, True)
         if stats is not None and marked:
             stats["index32_kernels"] = stats.get("index32_kernels", 0) + len(marked)
-        return _replaced(mod, marked)
+        return replace_functions(mod, marked)
 
     return _pass
 
@@ -107,7 +98,7 @@ def narrow_pass():
 
     @tvm.transform.module_pass(opt_level=0, name="amp.NarrowIndex32")
     def _pass(mod, _ctx):
-        return _replaced(mod, {
+        return replace_functions(mod, {
             gv: force(tvm.IRModule({gv: f}))[gv] for gv, f in mod.functions_items()
             if isinstance(f, tvm_compat.prim_func_class()) and f.attrs and f.attrs.get(INDEX32)})
 
