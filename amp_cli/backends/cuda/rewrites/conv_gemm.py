@@ -32,7 +32,8 @@ benchmarks/kernel_profile.py), so it takes the batched form below where its side
 M = N*H*W only where they do not -- or where the symbolic-row Hopper GEMM takes it
 (:func:`flat_rows_fit`, ``cuda.pointwise_flat_rows``: TMA reads the rows as one [M, C] matrix;
 dynamic ResNet-50 on the H200, 2026-12-07: 1.12x its static build at batch 32 against 1.20x
-batched). Any other convolution's GEMM has producer stages on its A operand (padding, im2col), and over a symbolic M = N*Ho*Wo
+batched). Any other convolution's GEMM has producer stages on its A operand (padding, im2col),
+and over a symbolic M = N*Ho*Wo
 neither amp's schedule nor dlight's ``MatmulTensorization`` can place that operand's
 shared-memory copy in the K loop (TVM's ``compute_at`` refuses the scope): it would lose its
 tensor cores, and as a plain conv2d it ran 10-140x slower than the static build (ResNet-50 on the
@@ -233,12 +234,13 @@ def flat_rows_fit(c: int, o: int, min_k: int | None) -> bool:
     """Whether a pointwise conv over a symbolic batch reads its image as M = N*H*W rows:
     only where ``min_k`` is given (the symbolic-row Hopper GEMMs are on: their TMA copies
     read the rows as one [M, C] matrix, with no index arithmetic per element) and those
-    kernels take its sizes (C >= min_k, both sides whole 64-wide steps; hopper_gemm.plan).
+    kernels plan its sizes (``hopper_gemm.plan``: K = C, N = O).
 
     >>> flat_rows_fit(2048, 512, 512), flat_rows_fit(256, 1024, 512), flat_rows_fit(512, 96, 512)
     (True, False, False)
     """
-    return min_k is not None and c >= max(min_k, 64) and c % 64 == 0 and o % 64 == 0
+    return min_k is not None and \
+        not isinstance(hopper_gemm.plan(hopper_gemm.BM, o, c, min_k=min_k), str)
 
 
 def _rewrite_conv(bb, call, implicit: bool = False, pad_stems: bool = True, lookup=None,
