@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import tvm_compat
 from .config import DimRange
 from .ir_attrs import DIM_OPTIMUM, TIR_VAR_LOWER_BOUND, TIR_VAR_UPPER_BOUND
+from .ir_module import replace_main
 
 
 def attach_ranges(mod, ranges: dict[str, DimRange]):
@@ -27,9 +28,7 @@ def attach_ranges(mod, ranges: dict[str, DimRange]):
     main = (main.with_attr(TIR_VAR_LOWER_BOUND, {n: r.lo for n, r in ranges.items()})
             .with_attr(TIR_VAR_UPPER_BOUND, {n: r.hi for n, r in ranges.items()})
             .with_attr(DIM_OPTIMUM, {n: r.optimum for n, r in ranges.items()}))
-    new = mod.clone()
-    new[mod.get_global_var("main")] = main
-    return new
+    return replace_main(mod, main)
 
 
 def module_ranges(mod) -> dict[str, DimRange]:

@@ -16,6 +16,7 @@ import os
 
 from .errors import AmpError
 from .ir_attrs import ONNX_NODE_PREFIX
+from .ir_module import replace_functions
 
 TVM_VERSION = "0.27.0.post1"
 # apache-tvm 0.27.0.post1 only asks for apache-tvm-ffi>=0.1.14.post0, but 0.1.15.x changed the
@@ -279,12 +280,7 @@ def dedup_constants(mod):
     dedup = _Dedup(mod)
     funcs = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, rx.Function)]
     new = {gv: dedup.visit_expr(f) for gv, f in funcs}
-    if not changed[0]:
-        return mod
-    out = mod.clone()
-    for gv, f in new.items():
-        out[gv] = f
-    return out
+    return replace_functions(mod, new) if changed[0] else mod
 
 
 def string_function(name: str, text: str):

@@ -18,6 +18,7 @@ from .. import tvm_compat
 from ..dims import describe_ranges, module_ranges
 from ..ir_attrs import (CAPTURE_SYMBOLIC_VARS, DIM_OPTIMUM, INPUT_RANGES_FUNCTION, IS_HOST_FUNC,
                         NOALIAS, TIR_VAR_LOWER_BOUND, TIR_VAR_UPPER_BOUND)
+from ..ir_module import replace_functions, replace_main
 
 DYNAMIC_FUNCTION = "main_dynamic"  # the model for every shape in the ranges (symbolic kernels)
 OPTIMUM_FUNCTION = "main_optimum"  # the model at the optimum shape (static kernels)
@@ -206,9 +207,7 @@ def at_optimum(mod):
     main = mod["main"].bind_symbolic_vars({n: r.optimum for n, r in ranges.items()})
     for key in (TIR_VAR_UPPER_BOUND, TIR_VAR_LOWER_BOUND, DIM_OPTIMUM):
         main = main.without_attr(key)
-    new = mod.clone()
-    new[mod.get_global_var("main")] = main
-    return new
+    return replace_main(mod, main)
 
 
 def kernels_by_function(mod, functions=(OPTIMUM_FUNCTION, DYNAMIC_FUNCTION)) -> dict:
@@ -247,12 +246,7 @@ def noalias_shape_functions(mod):
                if isinstance(f, prim) and f.attrs is not None and IS_HOST_FUNC in f.attrs
                and NOALIAS not in f.attrs
                and sum(type(p.ty).__name__ == "BufferType" for p in f.params) <= 1}
-    if not updates:
-        return mod
-    new = mod.clone()
-    for gv, f in updates.items():
-        new[gv] = f
-    return new
+    return replace_functions(mod, updates)
 
 
 def guard_pass(specialize: bool = False, graphs: bool = False):

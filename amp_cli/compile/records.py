@@ -19,6 +19,7 @@ from .. import tvm_compat
 from ..backends.cuda.kernels.intrinsics import register_tensor_intrinsics
 from ..errors import TuneError, last_line
 from ..ir_attrs import TUNED_WORKLOAD
+from ..ir_module import replace_functions
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -126,10 +127,8 @@ def apply_database_passes(db_dir: str, target) -> list:
         with tgt, db:
             # the C++ pass reads Target.current() when it is created, and the database in scope
             picked = relax.transform.MetaScheduleApplyDatabase()(picked)
-        out = mod.clone()
-        for gv, func in picked.functions_items():
-            out[gv] = func.with_attr(TUNED_WORKLOAD, tuned[gv.name_hint])
-        return out
+        return replace_functions(mod, {gv: func.with_attr(TUNED_WORKLOAD, tuned[gv.name_hint])
+                                       for gv, func in picked.functions_items()})
 
     return [_apply]
 

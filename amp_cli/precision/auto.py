@@ -40,9 +40,9 @@ from ..compile import build
 from ..config import ConvertConfig, PrecisionConfig
 from ..errors import AmpError
 from ..ir_attrs import ONNX_NODE_PREFIX
+from ..ir_module import replace_main
 from ..target import cpu_target, resolve_target
-from .convert import (Converter, convert_precision, prepare_module, tensor_dtype,
-                      with_main)
+from .convert import Converter, convert_precision, prepare_module, tensor_dtype
 from .fallback import to_bf16_fallback
 from .policy import resolve_config
 from .sensitivity import SensitivityAnalysis, analyze, calibration_inputs
@@ -377,7 +377,7 @@ def _quick_convert(model, prec: PrecisionConfig, exclude=None):
         _PREPARED[key] = (model.mod, prepare_module(model.mod))  # holding mod keeps id stable
     conv = Converter(p, model.node_types)
     prepared = _PREPARED[key][1]
-    return with_main(prepared, conv.convert_function(prepared["main"])), conv.report
+    return replace_main(prepared, conv.convert_function(prepared["main"])), conv.report
 
 
 def _variant_mod(model, prec, exclude):

@@ -39,6 +39,7 @@ from .. import tvm_compat
 from ..config import PrecisionConfig
 from ..dtypes import FLOAT_TYPES, np_to_dtype, type_range
 from ..ir_attrs import ONNX_NODE_PREFIX
+from ..ir_module import replace_main
 from .policy import OpPolicy, short_name
 from .records import ConstantIssue, KeptNode, PrecisionReport
 
@@ -382,14 +383,6 @@ def prepare_module(mod):
     return relax.transform.FoldConstant()(relax.transform.DecomposeOpsForInference()(mod))
 
 
-def with_main(mod, main):
-    """``mod`` with its ``main`` replaced; every other function keeps its GlobalVar (call_tir
-    refers to PrimFuncs by GlobalVar, not by name)."""
-    new = mod.clone()
-    new[mod.get_global_var("main")] = main
-    return new
-
-
 def convert_precision(mod, cfg: PrecisionConfig, node_types: dict[str, str] | None = None):
     """Convert ``mod['main']`` to mixed precision. Returns (new IRModule, PrecisionReport)."""
     tvm = tvm_compat.tvm()
@@ -402,7 +395,7 @@ def convert_precision(mod, cfg: PrecisionConfig, node_types: dict[str, str] | No
         rep.total_ops = sum(rep.ops_by_dtype.values())
         return mod, rep
     conv = Converter(cfg, node_types)
-    new_mod = with_main(mod, conv.convert_function(mod["main"]))
+    new_mod = replace_main(mod, conv.convert_function(mod["main"]))
     new_mod = relax.transform.DeadCodeElimination(["main"])(new_mod)
     new_mod = relax.transform.FoldConstant()(new_mod)
     rep = conv.report

@@ -32,7 +32,7 @@ from ...frontend.names import make_identifiers
 from ...hardware import arch_sm
 from ...ir_attrs import CUDA_GRAPH, KERNEL_NAME
 from . import registry
-from .functions import replace_functions
+from ...ir_module import replace_functions
 from .rules.fallible import fallible, recorded_fallback
 
 # Importing a module registers its rewrites / rules (registry.py); each states its order.

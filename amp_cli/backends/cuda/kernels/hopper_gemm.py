@@ -46,7 +46,7 @@ from .... import tvm_compat
 from ....config import CudaConfig
 from ....hardware import arch_sm, sm_count
 from ....ir_attrs import HOPPER_TILE, IS_SCHEDULED, OP_PATTERN, TIRX_KERNEL
-from ..functions import replace_functions
+from ....ir_module import replace_functions
 from ..registry import register
 from .analysis import SYMBOLIC_M_GUESS, size_at_optimum
 from .hopper_match import (IN_TYPES, PAIR_TYPES, GemmMatch, dtype_of, extents, match_gemm,

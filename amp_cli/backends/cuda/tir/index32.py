@@ -22,7 +22,7 @@ import math
 
 from .... import tvm_compat
 from ....ir_attrs import INDEX32, IS_HOST_FUNC, TIRX_KERNEL
-from ..functions import replace_functions
+from ....ir_module import replace_functions
 
 # elements per buffer at most: half of int32's range, so that an index a few rows or a padding
 # offset past a buffer's end (a masked last tile, an implicit GEMM's border) cannot wrap either
