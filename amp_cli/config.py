@@ -170,8 +170,18 @@ class DynamicConfig:
     # the model's own dim names -> an int or a range "LO..HI(OPT)" (--dynamic batch=1..32)
     dims: dict[str, int | str] = field(default_factory=dict)
     # also compile the model at the optimum shape exactly (static kernels, every static-shape
-    # rewrite); main runs that copy for inputs of exactly that shape
-    specialize_optimum: bool = True
+    # rewrite); main runs that copy for inputs of exactly that shape. None (default): only
+    # where the symbolic kernels do not already serve the optimum at static speed -- on llvm,
+    # or with tuning records (they apply to the copy's static kernels); CUDA's symbolic
+    # kernels take the static build's tiles at the optimum, and the copy, one static build
+    # more, put the dynamic CNN's build over 2x a static one (docs/dynamic-shapes.md)
+    specialize_optimum: bool | None = None
+
+    def optimum_copy(self, cuda_target: bool, tuning_db: str | None) -> bool:
+        """Whether a build for a CUDA (else llvm) target compiles the optimum copy."""
+        if self.specialize_optimum is not None:
+            return self.specialize_optimum
+        return tuning_db is not None or not cuda_target
 
 
 @dataclass
@@ -243,7 +253,7 @@ def apply_section(obj, data: dict, where: str, source: str):
             if value is not None:
                 ann = str(fields[key].type)
                 want = (int if ann.startswith("int") else float if ann.startswith("float")
-                        else str) if current is None else str
+                        else bool if ann.startswith("bool") else str) if current is None else str
                 _expect(value, (int, float) if want is float else want, f"{source}: {path}")
             setattr(obj, key, value)
 

@@ -180,8 +180,14 @@ def dynamic_notes(model: LoadedModel, target: ResolvedTarget, cfg: ConvertConfig
              f"outside them raises AssertionError naming the ranges; the accuracy check runs "
              f"at each dim's minimum, optimum and maximum"]
     if target.is_cuda and cfg.cuda.cuda_graph:
-        notes.append(capture_note(model.dynamic, cfg.dynamic.specialize_optimum))
+        notes.append(capture_note(model.dynamic, optimum_copy(cfg, target)))
     return notes
+
+
+def optimum_copy(cfg: ConvertConfig, target: ResolvedTarget) -> bool:
+    """Whether the build of a model with dynamic dims holds the static copy at the optimum
+    (``dynamic.specialize_optimum``; unset: config.DynamicConfig.optimum_copy decides)."""
+    return cfg.dynamic.optimum_copy(target.is_cuda, cfg.tuning_db)
 
 
 @dataclass
@@ -213,7 +219,7 @@ def _build_checked(model, cfg, target, auto, staging, isolate, step, notes) -> _
     # a file per attempt: a process that loaded a library from a path keeps getting that one
     # from dlopen, so a second attempt written over it would be checked with the first's code
     attempt_dir = tempfile.mkdtemp(prefix="attempt-", dir=staging)
-    specialize = cfg.dynamic.specialize_optimum
+    specialize = optimum_copy(cfg, target)
     result = build(mod, target, os.path.join(attempt_dir, "model.so"), cfg.tuning_db,
                    isolate=isolate, cuda=cfg.cuda, specialize=specialize)
     accuracy = {}
@@ -259,7 +265,7 @@ def _locate_nonfinite(model, mod, cfg, target, attempt_dir, result, isolate) -> 
         plain = dataclasses.replace(cfg.cuda, cuda_graph=False)
         library = build(mod, target, os.path.join(attempt_dir, "diagnose.so"), cfg.tuning_db,
                         isolate=isolate, cuda=plain,
-                        specialize=cfg.dynamic.specialize_optimum).library
+                        specialize=optimum_copy(cfg, target)).library
     feeds = random_inputs(model.example_inputs, cfg.accuracy.seed)
     found = first_nonfinite_call(library, "cuda", feeds, [s.name for s in model.inputs])
     if found is None:

@@ -157,11 +157,16 @@ def render_markdown(r: dict) -> str:
                              + (" (TVM's cp.async ignores a copy's stride)" if guard else ""))
         else:
             lines.append("- CUDA legalization: no kernel needed a rewrite")
-    if b.get("variants"):
+    variants = b.get("variants") or {}
+    if "main_optimum" in variants:
         lines.append(f"- dynamic dims: `main_optimum` (every dim at its optimum, static kernels) "
-                     f"calls {len(b['variants'].get('main_optimum', []))} kernels, "
+                     f"calls {len(variants['main_optimum'])} kernels, "
                      f"`main_dynamic` (every other shape, symbolic kernels) "
-                     f"{len(b['variants'].get('main_dynamic', []))}")
+                     f"{len(variants.get('main_dynamic', []))}")
+    elif variants:
+        lines.append(f"- dynamic dims: every shape runs `main_dynamic` (symbolic kernels, "
+                     f"{len(variants.get('main_dynamic', []))} kernels); no static copy at the "
+                     f"optimum (`dynamic.specialize_optimum: true` adds one)")
     rewrites = {k: v for k, v in (b.get("graph_rewrites") or {}).items() if v}
     if rewrites:
         labels = b.get("graph_rewrite_labels") or {}

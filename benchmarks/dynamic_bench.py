@@ -11,8 +11,9 @@ One invocation, in this order (~8 minutes on the H200 with the defaults):
 2. builds, in parallel ``amp convert`` child processes (``--jobs``), per model: a static
    library for each of ``--batches`` (default 1, 8, 32; BERT at ``--seq`` 128), the dynamic
    library (BERT batch 1..32(8) x sequence 16..512(128); CNN batch 1..32(8)) as amp builds it
-   by default (symbolic kernels + a static copy at the optimum, ``main_optimum``), and the same
-   without that copy (``dynamic.specialize_optimum: false``: symbolic kernels only);
+   by default (CUDA: symbolic kernels only; llvm: + a static copy at the optimum,
+   ``main_optimum``), and the same with that choice flipped (``dynamic.specialize_optimum``,
+   build kind ``dynamic + copy`` on CUDA, ``dynamic symbolic-only`` on llvm);
 3. times every library at every batch (TVM time_evaluator, the device's timer, after warm-up;
    the GPU otherwise idle), each against the ONNX Runtime fp32 reference of the same inputs;
 4. prints one table (latency per batch, dynamic / static ratios, build seconds) and writes
@@ -66,8 +67,8 @@ def parse_args(argv):
     ap.add_argument("--seq-range", default="16..512", help="BERT's dynamic sequence range")
     ap.add_argument("--tiny", action="store_true",
                     help="tiny models (BERT hidden 64, 2 layers; resnet18 at 64 px): a smoke test")
-    ap.add_argument("--no-symbolic-only", action="store_true",
-                    help="skip the dynamic build without the optimum copy (one build less)")
+    ap.add_argument("--no-copy-ab", action="store_true",
+                    help="skip the dynamic build with the optimum copy flipped (one build less)")
     ap.add_argument("--jobs", type=int, default=None,
                     help="parallel builds [default: cores // 4, at least 1]")
     ap.add_argument("--build-only", action="store_true",
@@ -170,19 +171,29 @@ def convert(onnx_path: Path, out: Path, target: str, shapes: list[str], config: 
     return wall, json.loads((out / "report.json").read_text())
 
 
-def plan_builds(args, work: Path, models: dict) -> list[dict]:
+def flipped_copy_kind(cuda: bool) -> tuple[str, bool]:
+    """(build kind, ``dynamic.specialize_optimum``) of the A/B build: the default dynamic build
+    with its optimum copy flipped (amp builds one by default on llvm, not on CUDA)."""
+    from amp_cli.config import DynamicConfig
+
+    copy = not DynamicConfig().optimum_copy(cuda, None)
+    return ("dynamic + copy" if copy else "dynamic symbolic-only"), copy
+
+
+def plan_builds(args, work: Path, models: dict, cuda: bool = True) -> list[dict]:
     batches = [int(b) for b in args.batches.split(",")]
-    no_copy = work / "symbolic_only.yaml"
-    no_copy.write_text("dynamic:\n  specialize_optimum: false\n")
+    flip_kind, flip = flipped_copy_kind(cuda)
+    flipped = work / "flipped_copy.yaml"
+    flipped.write_text(f"dynamic:\n  specialize_optimum: {str(flip).lower()}\n")
     builds = []
     for name, m in models.items():
         for b in batches:
             builds.append(dict(model=name, kind=f"static b{b}", shapes=m["static"](b),
                                config=None))
         builds.append(dict(model=name, kind="dynamic", shapes=m["dynamic"], config=None))
-        if not args.no_symbolic_only:
-            builds.append(dict(model=name, kind="dynamic symbolic-only", shapes=m["dynamic"],
-                               config=no_copy))
+        if not args.no_copy_ab:
+            builds.append(dict(model=name, kind=flip_kind, shapes=m["dynamic"],
+                               config=flipped))
         for spec in args.variant:
             vname, _, cfg = spec.partition("=")
             only, _, vname = vname.rpartition(":")
@@ -255,14 +266,16 @@ def build_table(builds) -> list[str]:
     return lines
 
 
-def summarize(rows, builds) -> list[str]:
+def summarize(rows, builds, cuda: bool = True) -> list[str]:
+    flip_kind = flipped_copy_kind(cuda)[0]
+    head = "+copy ms" if flip_kind.endswith("copy") else "symbolic ms"
     lines = [f"{'model':6} {'batch':>5} {'static ms':>10} {'dynamic ms':>11} {'ratio':>6} "
-             f"{'symbolic ms':>12} {'ratio':>6}  rel L2 (static / dynamic)"]
+             f"{head:>12} {'ratio':>6}  rel L2 (static / dynamic)"]
     keyed = {(r["model"], r["batch"], r["build"]): r for r in rows}
     for (model, batch) in sorted({(r["model"], r["batch"]) for r in rows}):
         st = keyed.get((model, batch, f"static b{batch}"), {})
         dy = keyed.get((model, batch, "dynamic"), {})
-        sy = keyed.get((model, batch, "dynamic symbolic-only"), {})
+        sy = keyed.get((model, batch, flip_kind), {})
 
         def ms(r):
             return f"{r['p50_ms']:.3f}" if "p50_ms" in r else "-"
@@ -277,7 +290,7 @@ def summarize(rows, builds) -> list[str]:
         lines.append(f"{model:6} {batch:>5} {ms(st):>10} {ms(dy):>11} {ratio(dy):>6} "
                      f"{ms(sy):>12} {ratio(sy):>6}  {err(st)} / {err(dy)}")
     variants = [b["kind"] for b in builds if b["kind"].startswith("dynamic ")
-                and b["kind"] != "dynamic symbolic-only"]
+                and b["kind"] != flip_kind]
     for kind in dict.fromkeys(variants):
         lines.append(f"{kind} (ms, vs static / vs dynamic):")
         for (model, batch) in sorted({(r["model"], r["batch"]) for r in rows}):
@@ -339,7 +352,7 @@ def main(argv=None) -> int:
         models["cnn"] = dict(onnx=path, source=source, dynamic=[f"input:1..{mb}({ob})x3x{size}x{size}"],
                              static=lambda b, s=size: [f"input:{b}x3x{s}x{s}"],
                              load_shapes={"input": [f"1..{mb}({ob})", 3, size, size]})
-    builds = plan_builds(args, work, models)
+    builds = plan_builds(args, work, models, target.is_cuda)
     jobs = args.jobs or max(1, (os.cpu_count() or 4) // 4)
     log(f"{len(builds)} builds for {target_text}, {jobs} at a time")
 
@@ -353,7 +366,7 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(run, builds))
     rows = [] if args.build_only else time_builds(args, builds, models, device)
-    lines = build_table(builds) if args.build_only else summarize(rows, builds)
+    lines = build_table(builds) if args.build_only else summarize(rows, builds, target.is_cuda)
     print("\n".join(lines))
     out = Path(args.json) if args.json else \
         Path(os.environ.get("OUT") or work) / "dynamic_bench.json"

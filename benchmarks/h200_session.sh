@@ -52,6 +52,7 @@ case "$step" in
       "tests/backends/cuda/test_tc_gemm.py::test_tile_variants_match_fp32_reference_on_both_sides_of_each_step" \
       "tests/backends/cuda/test_conv_gemm.py::test_symbolic_batch_convs_on_gpu" \
       "tests/test_dynamic.py::test_bert_on_gpu_with_graphs_on_the_capture_grid" \
+      "tests/test_dynamic.py::test_bert_on_gpu_at_every_shape_with_graphs_per_shape" \
       "tests/backends/cuda/test_injective.py::test_symbolic_gather_matches_numpy_at_every_batch" \
       tests/backends/cuda/test_nonfinite_const.py tests/frontend/test_ort_session.py \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -60
@@ -139,29 +140,29 @@ case "$step" in
   dynamic)
     # the default dynamic build against static ones, and GEMMs over symbolic rows on amp's
     # wmma tiles instead of the Hopper kernels (cuda.hopper_symbolic_m off) as a variant; the
-    # symbolic-only build is left out for time (docs/benchmarks.md has its numbers)
+    # build with the optimum copy is left out for time (dynboth times it)
     timeout 590 "$PY" benchmarks/dynamic_bench.py --json "$OUT/dynamic_bench.json" \
-      --no-symbolic-only --variant no-hopper-symbolic=benchmarks/variants/no-hopper-symbolic.yaml "$@" \
+      --no-copy-ab --variant no-hopper-symbolic=benchmarks/variants/no-hopper-symbolic.yaml "$@" \
       2>&1 | tee "$OUT/dynamic_bench.log" | tail -40
     ;;
   dynboth)
     # issue 22 in one call, no profiles: BERT and the CNN, static b1/b8/b32 against the
-    # default dynamic build and without the optimum copy (a build about half as long: the
-    # copy is one static build inside the dynamic one), the CNN also with its wmma tile
-    # variants only up to the optimum (variants-to-optimum.yaml: the build that meets the 2x
-    # bar on the 2-core machine, 1.26-1.38x; its latency is this step's question). The H200
-    # run of 2026-12-07 17:38 (docs/benchmarks.md) set today's defaults.
+    # default dynamic build (on CUDA without the optimum copy since 2026-12-07 evening: the
+    # copy is one static build inside the dynamic one, which put the CNN's build over 2x) and
+    # the same with the copy ("dynamic + copy", dynamic_bench's A/B build; BERT without it is
+    # this step's first question), the CNN also with its wmma tile variants only up to the
+    # optimum (variants-to-optimum.yaml: 1.26-1.38x a static build on the 2-core machine; its
+    # latency is the second question).
     V=benchmarks/variants
     timeout "${DYN_TIMEOUT_S:-560}" "$PY" benchmarks/dynamic_bench.py --models bert,cnn \
-      --workdir /tmp/amp-dynprof --jobs 8 --repeat 30 --warmup 5 --no-symbolic-only \
+      --workdir /tmp/amp-dynprof --jobs 8 --repeat 30 --warmup 5 \
       --json "$OUT/dynboth_bench.json" \
-      --variant "no-copy=$V/no-optimum-copy.yaml" \
-      --variant "cnn:to-opt-no-copy=$V/variants-to-optimum.yaml" "$@" 2>&1 \
+      --variant "cnn:to-opt=$V/variants-to-optimum.yaml" "$@" 2>&1 \
       | tee "$OUT/dynboth_bench.log" | tail -24
     ;;
   dynprof)
     # why the dynamic CNN is slower than a static build at batch 32 (1.39x on 2026-12-05):
-    # the CNN's static b1/b8/b32, default dynamic and symbolic-only builds timed, then both
+    # the CNN's static b1/b8/b32, default dynamic and + copy builds timed, then both
     # b32 libraries' kernels profiled (benchmarks/kernel_profile.py) at batch 32; the tiles
     # chosen without weighing their padding (cuda.padding_aware_tiles off) as a variant
     w=/tmp/amp-dynprof

@@ -76,11 +76,30 @@ def test_yaml_ranges_strict(tmp_path):
                                         "dynamic": {"dims": {"batch": "1..32@8"},
                                                     "specialize_optimum": False}}, "c.yaml")
     assert cfg.input_shapes == {"ids": ["1..32(8)", 128], "mask": ["1..32(8)", 128]}
-    assert cfg.dynamic.dims == {"batch": "1..32(8)"} and not cfg.dynamic.specialize_optimum
+    assert cfg.dynamic.dims == {"batch": "1..32(8)"} and cfg.dynamic.specialize_optimum is False
+    with pytest.raises(ConfigError, match="dynamic.specialize_optimum: expected bool, got str"):
+        apply_yaml(ConvertConfig(), {"dynamic": {"specialize_optimum": "yes"}}, "c.yaml")
     with pytest.raises(ConfigError, match=r"c.yaml: input_shapes.ids\[0\]: range 9..2"):
         apply_yaml(ConvertConfig(), {"input_shapes": {"ids": ["9..2", 128]}}, "c.yaml")
     with pytest.raises(ConfigError, match="unknown key 'dynamic.dimz'; did you mean 'dims'"):
         apply_yaml(ConvertConfig(), {"dynamic": {"dimz": {}}}, "c.yaml")
+
+
+def test_optimum_copy_only_where_the_symbolic_kernels_need_it():
+    """Unset, the static copy at the optimum is built for llvm (its symbolic GEMMs and
+    attention lag a static build's) and for tuning records (they apply to static kernels), not
+    for CUDA, whose symbolic kernels take the static build's tiles at the optimum; set, it is
+    what the config says."""
+    from amp_cli.config import DynamicConfig
+
+    auto = DynamicConfig()
+    assert auto.specialize_optimum is None
+    assert auto.optimum_copy(cuda_target=False, tuning_db=None)
+    assert not auto.optimum_copy(cuda_target=True, tuning_db=None)
+    assert auto.optimum_copy(cuda_target=True, tuning_db="db")
+    for value in (True, False):
+        cfg = DynamicConfig(specialize_optimum=value)
+        assert {cfg.optimum_copy(c, t) for c in (True, False) for t in (None, "db")} == {value}
 
 
 def test_cli_bad_range_is_a_usage_error(cli, bert_onnx, tmp_path):
@@ -180,6 +199,29 @@ def test_cnn_dynamic_batch_cli(cli, tiny_onnx, tmp_path):
         assert m["rel_l2"] <= REL_L2 and m["max_abs"] <= MAX_ABS, (batch, m)
     with pytest.raises(AssertionError, match="allowed: batch 1..8"):
         vm["main"](tvm_compat.to_tvm_tensor(np.zeros((9, 3, 32, 32), "float32"), dev))
+    assert report["build"]["variants"]["main_optimum"]  # llvm: the optimum copy by default
+
+
+def test_cnn_dynamic_batch_cuda_build_has_no_optimum_copy_by_default(cli, tiny_onnx, tmp_path):
+    """``amp convert --target cuda:sm_90`` of a dynamic batch: one symbolic copy of the model
+    (the default), its values checked at the range's min / optimum / max through the CPU build
+    of the same module; ``dynamic.specialize_optimum: true`` in a config adds the copy."""
+    out = tmp_path / "cnn"
+    res = cli("convert", tiny_onnx, "-o", out, "--target", "cuda:sm_90", "--dynamic",
+              "batch=1..8@4")
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert [p["dims"]["batch"] for p in report["accuracy"]["points"]] == [1, 4, 8]
+    assert all(p["worst"]["rel_l2"] <= REL_L2 for p in report["accuracy"]["points"])
+    assert set(report["build"]["variants"]) == {"main_dynamic"}
+    assert "no static copy at the optimum" in (out / "report.md").read_text()
+    cfg = tmp_path / "copy.yaml"
+    cfg.write_text("dynamic:\n  specialize_optimum: true\n")
+    res = cli("convert", tiny_onnx, "-o", tmp_path / "copy", "--target", "cuda:sm_90",
+              "--dynamic", "batch=1..8@4", "--config", cfg, "--no-accuracy")
+    assert res.exit_code == 0, res.output
+    variants = json.loads((tmp_path / "copy" / "report.json").read_text())["build"]["variants"]
+    assert set(variants) == {"main_optimum", "main_dynamic"}
 
 
 def test_range_over_a_dynamic_dim(tmp_path):
@@ -337,14 +379,17 @@ def test_three_way_dispatch_keeps_the_values_on_llvm(bert_onnx):
         assert metrics(ref, got)["rel_l2"] < 1e-5, (batch, seq)  # fp32 module: same maths
 
 
-def _bert_on_gpu_twice(bert_onnx, tmp_path, ranges, shapes):
-    """dynamic_bert with ``ranges`` converted for the local GPU, run at every shape of
+def _bert_on_gpu_twice(bert_onnx, tmp_path, ranges, shapes, copy=None):
+    """dynamic_bert with ``ranges`` converted for the local GPU (``copy``: the config's
+    ``dynamic.specialize_optimum``, None the default: no copy on CUDA), run at every shape of
     ``shapes`` twice, in two orders (a CUDA graph captured for one shape must never be
     replayed for another), within the module's tolerances of ONNX Runtime fp32."""
     if not tvm_compat.has_cuda_device():
         pytest.skip("no CUDA device")
     model = amp_cli.load(bert_onnx, input_shapes={"input_ids": ranges})
-    conv = amp_cli.convert(model, ConvertConfig(target="cuda"), isolate=False)
+    cfg = ConvertConfig(target="cuda")
+    cfg.dynamic.specialize_optimum = copy
+    conv = amp_cli.convert(model, cfg, isolate=False)
     conv.save(tmp_path / "out")
     conv.cleanup()
     dev = tvm_compat.cuda_device()
@@ -361,8 +406,9 @@ def _bert_on_gpu_twice(bert_onnx, tmp_path, ranges, shapes):
 
 @pytest.mark.gpu
 def test_bert_on_gpu_at_every_shape_with_graphs_per_shape(bert_onnx, tmp_path):
-    """Ranges of 164 shapes: every shape's symbolic regions captured (main_dynamic)."""
-    _bert_on_gpu_twice(bert_onnx, tmp_path, ["1..4(2)", "8..48(16)"], BERT_SHAPES)
+    """Ranges of 164 shapes: every shape's symbolic regions captured (main_dynamic), with the
+    optimum copy (main_optimum's graph) beside them."""
+    _bert_on_gpu_twice(bert_onnx, tmp_path, ["1..4(2)", "8..48(16)"], BERT_SHAPES, copy=True)
 
 
 @pytest.mark.gpu
