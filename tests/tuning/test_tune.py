@@ -26,7 +26,7 @@ FAST = ["--target", "llvm", "--trials-per-iter", "3", "--workers", "2", "--cost-
         "random", "--seed", "0"]
 
 
-def _tiny_onnx(path: Path, n=32, k=48, m=40) -> Path:
+def _tiny_onnx(path: Path, n: int | str = 32, k=48, m=40) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -149,6 +149,29 @@ def test_tune_writes_records_and_convert_uses_them(tiny, tmp_path):
     print(f"\ntuned {t_tuned * 1e6:.1f} us vs default {t_default * 1e6:.1f} us: "
           f"ratio tuned/default {ratio:.3f}")
     assert ratio < 2.0  # generous: 2 shared cores make timing noisy
+
+
+def test_tuned_dynamic_build_applies_the_records_to_its_optimum_copy(tmp_path):
+    """``amp tune`` of a model with a dynamic batch tunes the optimum's kernels; ``amp convert
+    --tuning-db`` with the same range builds the optimum copy (unset ``specialize_optimum``
+    turns it on for tuning records) and applies the records there; every shape in the range
+    still runs, checked against ORT fp32 at the range's min / optimum / max."""
+    model = _tiny_onnx(tmp_path / "dyn.onnx", n="batch")
+    db = tmp_path / "db"
+    res = _run(["tune", str(model), "--db", str(db), "--trials", "6", "--dynamic",
+                "batch=1..64@32", *FAST])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "out"
+    res = _run(["convert", str(model), "-o", str(out), "--target", "llvm", "--tuning-db",
+                str(db), "--dynamic", "batch=1..64@32"])
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["build"]["variants"]) == {"main_optimum", "main_dynamic"}
+    tuned = {k["kernel"] for k in report["build"]["schedule"]["kernels"]
+             if k["schedule"] == "tuned"}
+    assert tuned and tuned <= set(report["build"]["variants"]["main_optimum"])
+    assert [p["dims"]["batch"] for p in report["accuracy"]["points"]] == [1, 32, 64]
+    assert report["accuracy"]["within_tolerance"]
 
 
 def _latency(lib: Path) -> float:
