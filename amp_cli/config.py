@@ -116,7 +116,8 @@ class CudaConfig:
     # structure), every length, head dims <= 128 (docs/gpu-performance.md)
     mma_attention: bool = True
     # the mma kernel with 32 query rows a warp (FlashAttention-2's tiling: half the
-    # shared-memory reads per mma), head dims <= 64; opt-in until timed on a GPU
+    # shared-memory reads per mma), head dims <= 64; off: slower where timed (H100 2026-12-07,
+    # whisper_encoder 9.79 -> 13.37 ms: no register prefetch of the next K / V tile)
     mma_attention_wide: bool = False
     fused_norm_cast: bool = True  # fp32 layer norm + its fp16/bf16 cast as one two-output kernel
     small_gemm: bool = True  # GEMMs of 2..16 rows (classifier heads): K split across a warp's lanes
@@ -129,7 +130,8 @@ class CudaConfig:
     padding_aware_tiles: bool = True
     # GEMMs over a symbolic size: wmma tile variants over its whole range (one kernel per tile
     # a static build would pick at each size); false: only up to the optimum, whose tile serves
-    # every size above it (fewer kernels: a shorter dynamic build; opt-in until timed)
+    # every size above it (fewer kernels: a shorter dynamic build; H100 2026-12-07: the
+    # dynamic ResNet-50 at batch 32 1.10x -> 1.21x its static build, so it stays opt-in)
     tile_variants_above_optimum: bool = True
     unroll_injective: bool = True  # large gathers/layout changes: 4 elements per thread, unrolled
     implicit_gemm: bool = True  # convs (C % 8 == 0) read the image in the GEMM: no im2col
@@ -140,7 +142,9 @@ class CudaConfig:
     # sm_90: NT GEMMs as wgmma + TMA kernels (TIRx), epilogue fused; builds compile for sm_90a
     hopper_gemm: bool = True
     # the shortest K (a multiple of 64) a GEMM needs to take the Hopper kernel; shorter ones
-    # keep amp's wmma tiles (512: the range measured on bert-large)
+    # keep amp's wmma tiles (512: the range measured on bert-large; 128 timed on the H100
+    # 2026-12-07: convnext_tiny 1.066 -> 1.049 ms, resnet50 0.745 -> 0.749, efficientnet_b0
+    # 0.662 -> 0.669, within noise either way)
     hopper_min_k: int = 512
     # GEMMs with symbolic rows (dynamic batch / sequence) on the Hopper kernels too, one kernel
     # for every M (H100 2026-12-07: dynamic BERT 0.73x / 0.96x / 0.61x at batch 1 / 8 / 32;
