@@ -146,6 +146,10 @@ class CudaConfig:
     # 2026-12-07: convnext_tiny 1.066 -> 1.049 ms, resnet50 0.745 -> 0.749, efficientnet_b0
     # 0.662 -> 0.669, within noise either way)
     hopper_min_k: int = 512
+    # Hopper GEMMs planned for two CTAs an SM (tiles <= 128 wide, 3 stages), so one CTA's
+    # epilogue runs under the other's main loop; opt-in until timed (docs/gpu-performance.md,
+    # "The Hopper GEMM's epilogue is exposed")
+    hopper_two_per_sm: bool = False
     # GEMMs with symbolic rows (dynamic batch / sequence) on the Hopper kernels too, one kernel
     # for every M (H100 2026-12-07: dynamic BERT 0.73x / 0.96x / 0.61x at batch 1 / 8 / 32;
     # docs/dynamic-shapes.md)

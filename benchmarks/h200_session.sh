@@ -10,8 +10,8 @@
 #        `suite cnn`, `suite transformers`, `suite rest` -- groups of the default list)
 #   bash benchmarks/h200_session.sh kernels    # GPU tests of the kernels being decided, and the
 #        attention kernels alone against torch's SDPA
-#   bash benchmarks/h200_session.sh verify     # the profiles owed (the models still above
-#        torch.compile) and the SE-gate split's A/B, one run; VERIFY_MODELS picks the models
+#   bash benchmarks/h200_session.sh verify     # the Hopper GEMMs for two CTAs an SM against the
+#        default on the models still above torch.compile, with profiles; VERIFY_MODELS picks them
 #   bash benchmarks/h200_session.sh tune 1|2   # issue 21: amp tune on TUNE_MODEL (yolo_head), then
 #        its tuned build timed beside the default and torch.compile
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
@@ -46,6 +46,7 @@ case "$step" in
       "tests/backends/cuda/test_tc_gemm.py::test_symbolic_m_gemm_matches_fp32_reference_at_every_m" \
       "tests/backends/cuda/test_hopper_gemm.py::test_symbolic_rows_over_a_range_match_float64" \
       "tests/backends/cuda/test_hopper_gemm.py::test_fused_tail_matches_float64" \
+      tests/backends/cuda/test_hopper_gemm.py::test_two_per_sm_matches_float64 \
       "tests/backends/cuda/test_conv_gemm.py::test_wide_pointwise_convs_on_gpu" \
       "tests/backends/cuda/test_conv_gemm.py::test_symbolic_batch_convs_on_gpu" \
       "tests/backends/cuda/test_norm_cast.py::test_symbolic_rows_match_float64_on_gpu" \
@@ -86,26 +87,25 @@ case "$step" in
       2>&1 | tail -14
     ;;
   verify)
-    # issue 21's open A/Bs with the per-kernel profiles, one run: Hopper wgmma GEMMs for
-    # K down to 128 (cuda.hopper_min_k; ConvNeXt's FFN-up K = 192/384, the CNNs' 1x1 convs)
-    # against the default K >= 512, and the opt-in 32-rows-a-warp attention
-    # (cuda.mma_attention_wide) on whisper_encoder. Keep it to a few models: ten builds beside
-    # five torch compiles did not fit a 290 s budget. VERIFY_MODELS picks the models.
+    # issue 21's open A/B with the per-kernel profiles, one run: the Hopper GEMMs planned for
+    # two CTAs an SM (cuda.hopper_two_per_sm: the epilogue of one under the main loop of the
+    # other; docs/gpu-performance.md, "The Hopper GEMM's epilogue is exposed") on the models
+    # above torch.compile. (Its earlier A/Bs, hopper-short-k and mma-attention-wide, were
+    # timed on 2026-12-07 and stay off.) VERIFY_MODELS picks the models.
     V=benchmarks/variants
-    timeout 580 "$PY" benchmarks/gpu_suite.py --models '' \
-      --corpus "${VERIFY_MODELS:-convnext_tiny,resnet50,efficientnet_b0,whisper_encoder}" \
+    models=${VERIFY_MODELS:-whisper_encoder,vit_b_16,convnext_tiny,yolo_head}
+    variants=()
+    for m in ${models//,/ }; do variants+=(--variant "$m.dynamo:two-per-sm=$V/hopper-two-per-sm.yaml"); done
+    timeout 580 "$PY" benchmarks/gpu_suite.py --models '' --corpus "$models" \
       --torch-modes reduce-overhead --amp-precisions fp16 --jobs 8 \
       --budget-s "${VERIFY_BUDGET_S:-420}" --json "$OUT/verify_suite.json" \
-      --variant "convnext_tiny.dynamo:short-k=$V/hopper-short-k.yaml" \
-      --variant "resnet50.dynamo:short-k=$V/hopper-short-k.yaml" \
-      --variant "efficientnet_b0.dynamo:short-k=$V/hopper-short-k.yaml" \
-      --variant "whisper_encoder.dynamo:mma-wide=$V/mma-attention-wide.yaml" "$@" 2>&1 \
-      | tee "$OUT/verify_suite.log" | tail -30
+      "${variants[@]}" "$@" 2>&1 | tee "$OUT/verify_suite.log" | tail -30
     ;;
   quick)
     # one call when the device budget allows only one: the Hopper GEMMs' new GPU value tests
     # (short K, symbolic rows), BERT's dynamic library with and without the symbolic-row
-    # Hopper kernels beside static builds at batch 1/8/32, and the short-K A/B on two CNNs
+    # Hopper kernels beside static builds at batch 1/8/32, and the two-CTAs-an-SM A/B on two
+    # models
     # (no per-kernel profiles)
     par=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
     timeout 90 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider $par \
@@ -114,7 +114,7 @@ case "$step" in
     # the dynamic and verify steps themselves, cut to fit: BERT only, two CNNs, no profiles
     timeout 290 bash "$0" dynamic --models bert --batches 1,8,32 --jobs 5 --repeat 30 \
       --warmup 5 | tail -16
-    VERIFY_MODELS=convnext_tiny,resnet50 VERIFY_BUDGET_S=150 timeout 190 bash "$0" verify \
+    VERIFY_MODELS=convnext_tiny,vit_b_16 VERIFY_BUDGET_S=150 timeout 190 bash "$0" verify \
       --no-profile | tail -14
     ;;
   tune)

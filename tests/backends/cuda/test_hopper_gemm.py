@@ -88,6 +88,33 @@ def test_plan_takes_shorter_k_when_asked():
     assert "multiple of 64" in hg.plan(1568, 384, 96, min_k=64)
 
 
+def test_two_per_sm_plans_narrow_tiles_and_half_the_stages():
+    """``cuda.hopper_two_per_sm``: tiles at most 128 wide (ptxas: 108 registers a thread at
+    BN = 128, 140 at 192; two 288-thread CTAs fit 65,536 only under 113) and shared memory for
+    two CTAs."""
+    for m, n, k in [(12000, 3072, 768), (1024, 4096, 1024), (1576, 768, 3072), (256, 256, 512)]:
+        one, two = hg.plan(m, n, k), hg.plan(m, n, k, per_sm=2)
+        assert two.bn <= 128 and 2 * two.smem_bytes() <= hg.SMEM_BUDGET, (m, n, k, two)
+        assert two.stages >= 3 and (one.bn > 128 or two.stages < one.stages), (one, two)
+    assert hg.plan(12000, 3072, 768, per_sm=2) == hg.Plan(128, 3)
+    assert [p.bn for _, p in hg.plan_variants(1, 4096, 3072, 1024, per_sm=2)] == [64, 128]
+
+
+def test_two_per_sm_reaches_the_pass():
+    """The switch from the config reaches the registered Hopper pass: the kernel's tile."""
+    from amp_cli.backends.cuda.pipeline import build_context
+    from amp_cli.compile import compile_target
+    from amp_cli.config import CudaConfig
+    from amp_cli.ir_attrs import HOPPER_TILE
+    from amp_cli.target import resolve_target
+
+    target = compile_target(resolve_target("cuda:sm_90"))
+    mod = tvm.IRModule({"gemm": gemm(1024, 3072, 1024, bias=True)})
+    tiles = [str(hg.make_pass(build_context(target, cfg, {}))(mod)["gemm"].attrs[HOPPER_TILE])
+             for cfg in (CudaConfig(), CudaConfig(hopper_two_per_sm=True))]
+    assert tiles == ["128x192x64s5", "128x128x64s3"]
+
+
 def test_static_m_below_one_tile_is_declined():
     """Only a symbolic M may run below one 128-row tile (its optimum says nothing about the
     smallest call); a static one keeps amp's other schedules."""
@@ -274,6 +301,22 @@ def test_short_k_matches_float64(m, n, k):
     bias = rng.standard_normal(n).astype("float32")
     ref = np.maximum(a.astype("float64") @ b.astype("float64").T + bias, 0)
     made = hg.hopper_func(gemm(m, n, k, bias=True, relu=True), min_k=64)
+    assert not isinstance(made, str), made
+    out = _run(made, [a, b, bias], (m, n), "float16")
+    assert _rel(out, ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m,n,k", [(1000, 3072, 768), (256, 256, 512)])
+def test_two_per_sm_matches_float64(m, n, k):
+    """The kernels planned for two CTAs an SM (3 stages, fewer than most K loops' steps)."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((m, k)).astype("float16")
+    b = rng.standard_normal((n, k)).astype("float16")
+    bias = rng.standard_normal(n).astype("float32")
+    ref = np.maximum(a.astype("float64") @ b.astype("float64").T + bias, 0)
+    made = hg.hopper_func(gemm(m, n, k, bias=True, relu=True), per_sm=2)
     assert not isinstance(made, str), made
     out = _run(made, [a, b, bias], (m, n), "float16")
     assert _rel(out, ref) < 2e-3

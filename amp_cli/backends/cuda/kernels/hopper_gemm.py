@@ -54,6 +54,9 @@ from .hopper_match import (IN_TYPES, PAIR_TYPES, GemmMatch, dtype_of, extents, m
 
 BM, BK = 128, 64        # rows per CTA (two m64 warpgroups), K per stage (128 bytes of fp16)
 BNS = (192, 128, 64)     # 256 wide: same speed as 128 on N=4096, but its epilogue spills registers
+# two CTAs an SM (``cuda.hopper_two_per_sm``): 288 threads each must stay under 113 registers
+# (ptxas, sm_90a: 108 at BN = 128, 140 at BN = 192) and half the shared memory
+TWO_PER_SM_BNS = (128, 64)
 MIN_K = CudaConfig.hopper_min_k  # the default shortest K (``cuda.hopper_min_k``)
 MAX_K = 8192            # the consumer's K loop is unrolled (see gemm_kernel): 128 steps at most
 SMEM_BUDGET = 200 * 1024
@@ -71,9 +74,12 @@ class Plan:
         return self.stages * (BM + self.bn) * BK * in_bytes
 
 
-def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS, min_k: int = MIN_K):
+def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS, min_k: int = MIN_K,
+         per_sm: int = 1):
     """The tile width and stage count for an M x N x K GEMM, or a string saying why not.
     ``min_k``: the shortest K taken (``cuda.hopper_min_k``; at least one 64-deep step).
+    ``per_sm``: CTAs an SM is planned for (2: ``cuda.hopper_two_per_sm``, tiles at most 128
+    wide and half the stages, so one CTA's epilogue runs under the other's main loop).
 
     BN: the widest of 192/128/64 dividing N whose grid still fills 90% of the SMs (else the
     one with the most CTAs); stages: as many as fit ``SMEM_BUDGET``, at most ``MAX_STAGES``.
@@ -82,6 +88,8 @@ def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS, min_k: int = MIN_K):
     (Plan(bn=128, stages=6), Plan(bn=192, stages=5), Plan(bn=64, stages=6))
     >>> plan(1024, 1000, 1024)
     'N=1000 is not a multiple of 64'
+    >>> plan(12000, 3072, 768), plan(12000, 3072, 768, per_sm=2)
+    (Plan(bn=192, stages=5), Plan(bn=128, stages=3))
     """
     if n % 64:
         return f"N={n} is not a multiple of 64"
@@ -91,10 +99,10 @@ def plan(m: int, n: int, k: int, sms: int = HOPPER_SMS, min_k: int = MIN_K):
     if m < BM:
         return f"M={m} is below {BM}"
     rows = -(-m // BM)
-    fits = [bn for bn in BNS if n % bn == 0]
+    fits = [bn for bn in (TWO_PER_SM_BNS if per_sm == 2 else BNS) if n % bn == 0]
     full = [bn for bn in fits if rows * (n // bn) >= 0.9 * sms]
     bn = full[0] if full else fits[-1]
-    stages = min(MAX_STAGES, SMEM_BUDGET // Plan(bn, 1).smem_bytes())
+    stages = min(MAX_STAGES, SMEM_BUDGET // per_sm // Plan(bn, 1).smem_bytes())
     return Plan(bn, stages)
 
 
@@ -104,7 +112,7 @@ MAX_VARIANTS = 2
 
 
 def plan_variants(lo: int, hi: int, n: int, k: int, sms: int = HOPPER_SMS,
-                  min_k: int = MIN_K, most: int = MAX_VARIANTS):
+                  min_k: int = MIN_K, most: int = MAX_VARIANTS, per_sm: int = 1):
     """The plans :func:`plan` makes for a GEMM whose M is symbolic in ``lo..hi``: [(first M,
     plan), ...] ascending, one entry per run of M with the same plan (an M below one 128-row
     tile is planned as one tile), or a string saying why not. The plan depends on M only
@@ -121,14 +129,14 @@ def plan_variants(lo: int, hi: int, n: int, k: int, sms: int = HOPPER_SMS,
     'N=1000 is not a multiple of 64'
     """
     lo, hi = max(lo, 1), max(hi, lo, 1)
-    last = plan(max(hi, BM), n, k, sms, min_k)
+    last = plan(max(hi, BM), n, k, sms, min_k, per_sm)
     if isinstance(last, str):
         return last
     variants = []
     rows = -(-lo // BM)
     while True:
         start = lo if not variants else (rows - 1) * BM + 1
-        p = plan(rows * BM, n, k, sms, min_k)
+        p = plan(rows * BM, n, k, sms, min_k, per_sm)
         if not variants or variants[-1][1] != p:
             variants.append((start, p))
         if p == last or rows * BM >= hi:
@@ -356,7 +364,7 @@ def gemm_kernel(match: GemmMatch, p: Plan):
 
 
 def _symbolic_plans(match: GemmMatch, sms: int, min_k: int, dims: dict | None,
-                    ranges: dict | None):
+                    ranges: dict | None, per_sm: int = 1):
     """[(first M, plan), ...] for a symbolic M: where ``ranges`` ({dim: (lo, hi)}) bound it,
     the plans of :func:`plan_variants` from its least value up to the optimum's (``dims``;
     the range's greatest without one), the optimum's plan serving every M above it; else one
@@ -371,9 +379,9 @@ def _symbolic_plans(match: GemmMatch, sms: int, min_k: int, dims: dict | None,
         opt = tvm_compat.size_upper_bound(match.m, dims or {})
         if isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi:
             top = min(hi, max(lo, opt)) if isinstance(opt, int) else hi
-            return plan_variants(lo, top, match.n, match.k, sms, min_k)
+            return plan_variants(lo, top, match.n, match.k, sms, min_k, per_sm=per_sm)
     p = plan(max(size_at_optimum(match.m, dims, SYMBOLIC_M_GUESS), BM), match.n, match.k,
-             sms, min_k)
+             sms, min_k, per_sm)
     return p if isinstance(p, str) else [(1, p)]
 
 
@@ -393,23 +401,23 @@ def _tile_name(p: Plan) -> str:
 
 
 def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool = False,
-                dims: dict | None = None, ranges: dict | None = None):
+                dims: dict | None = None, ranges: dict | None = None, per_sm: int = 1):
     """``func`` rewritten as a Hopper GEMM kernel with the same parameters, or a string saying
     why not. ``symbolic``: GEMMs whose rows are symbolic too (the TMA descriptors are encoded
     per call from the runtime M, the grid is M's row blocks, the stores are guarded). Over
     ``ranges`` ({dim: (lo, hi)}) each run of M with its own plan gets its own kernel, chosen by
     a host-side branch on M (a batch-1 sequence of 128 rows takes the 64-wide tile that fills
     the GPU, as its static build does, not the optimum's wider one); without ranges one kernel,
-    planned for M at ``dims`` ({dim: optimum})."""
+    planned for M at ``dims`` ({dim: optimum}). ``per_sm``: :func:`plan`'s."""
     T = tvm_compat.tirx()
     match = match_gemm(func, symbolic)
     if isinstance(match, str):
         return match
     if isinstance(match.m, int):
-        plans = plan(match.m, match.n, match.k, sms, min_k)
+        plans = plan(match.m, match.n, match.k, sms, min_k, per_sm)
         plans = plans if isinstance(plans, str) else [(1, plans)]
     else:
-        plans = _symbolic_plans(match, sms, min_k, dims, ranges)
+        plans = _symbolic_plans(match, sms, min_k, dims, ranges, per_sm)
     if isinstance(plans, str):
         return plans
     kernels = [gemm_kernel(match, p) for _, p in plans]
@@ -437,7 +445,7 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
 
 def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
                      symbolic: bool = False, dims: dict | None = None,
-                     ranges: dict | None = None):
+                     ranges: dict | None = None, per_sm: int = 1):
     """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
     (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``
     (``symbolic``, ``dims``, ``ranges``: :func:`hopper_func`)."""
@@ -450,7 +458,7 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
         for gv, f in mod.functions_items():
             if not isinstance(f, tvm_compat.prim_func_class()):
                 continue
-            made = hopper_func(f, sms, min_k, symbolic, dims, ranges)
+            made = hopper_func(f, sms, min_k, symbolic, dims, ranges, per_sm)
             if not isinstance(made, str):
                 updates[gv] = made
         if stats is not None and updates:
@@ -461,11 +469,12 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
 
 
 @register("hopper_gemm", "tir", 10, switch="hopper_gemm",
-          reads=("hopper_min_k", "hopper_symbolic_m", "hopper_m_variants"),
+          reads=("hopper_min_k", "hopper_symbolic_m", "hopper_m_variants", "hopper_two_per_sm"),
           labels={"hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"})
 def make_pass(ctx):
     if not enabled_for(ctx.target):
         return None
     return hopper_gemm_pass(ctx.target, ctx.stats, ctx.cuda.hopper_min_k,
                             ctx.cuda.hopper_symbolic_m, ctx.dims,
-                            ctx.ranges if ctx.cuda.hopper_m_variants else None)
+                            ctx.ranges if ctx.cuda.hopper_m_variants else None,
+                            2 if ctx.cuda.hopper_two_per_sm else 1)
