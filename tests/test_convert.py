@@ -172,7 +172,8 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "tile_variants_above_optimum": True,
                                         "unroll_injective": True,
                                         "depthwise_conv": True, "hopper_gemm": True,
-                                        "hopper_min_k": 512, "hopper_symbolic_m": True,
+                                        "hopper_min_k": 512, "hopper_two_per_sm": False,
+                                        "hopper_symbolic_m": True,
                                         "index32": True,
                                         "hopper_m_variants": True,
                                         "pointwise_flat_rows": True}
