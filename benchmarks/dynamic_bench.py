@@ -267,8 +267,8 @@ def build_table(builds) -> list[str]:
 
 
 def summarize(rows, builds, cuda: bool = True) -> list[str]:
-    flip_kind = flipped_copy_kind(cuda)[0]
-    head = "+copy ms" if flip_kind.endswith("copy") else "symbolic ms"
+    flip_kind, copy = flipped_copy_kind(cuda)
+    head = "+copy ms" if copy else "symbolic ms"
     lines = [f"{'model':6} {'batch':>5} {'static ms':>10} {'dynamic ms':>11} {'ratio':>6} "
              f"{head:>12} {'ratio':>6}  rel L2 (static / dynamic)"]
     keyed = {(r["model"], r["batch"], r["build"]): r for r in rows}

@@ -31,8 +31,8 @@ from ...dims import module_ranges
 from ...frontend.names import make_identifiers
 from ...hardware import arch_sm
 from ...ir_attrs import CUDA_GRAPH, KERNEL_NAME
-from . import registry
 from ...ir_module import replace_functions
+from . import registry
 from .rules.fallible import fallible, recorded_fallback
 
 # Importing a module registers its rewrites / rules (registry.py); each states its order.
