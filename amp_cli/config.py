@@ -150,6 +150,9 @@ class CudaConfig:
     # epilogue runs under the other's main loop; opt-in until timed (docs/gpu-performance.md,
     # "The Hopper GEMM's epilogue is exposed")
     hopper_two_per_sm: bool = False
+    # Hopper GEMMs as persistent kernels: one CTA an SM walks its tiles, its producer loading
+    # the next tile's stages while the consumers run the epilogue; opt-in until timed
+    hopper_persistent: bool = False
     # GEMMs with symbolic rows (dynamic batch / sequence) on the Hopper kernels too, one kernel
     # for every M (H100 2026-12-07: dynamic BERT 0.73x / 0.96x / 0.61x at batch 1 / 8 / 32;
     # docs/dynamic-shapes.md)

@@ -22,6 +22,9 @@ TVM_VERSION = "0.27.0.post1"
 # apache-tvm 0.27.0.post1 only asks for apache-tvm-ffi>=0.1.14.post0, but 0.1.15.x changed the
 # PrimType hash/equal hook ABI: anything that serializes TIR (sch.tensorize, save_json) segfaults.
 TVM_FFI_VERSION = "0.1.14.post1"
+# a PrimFunc attribute CUDA codegen writes as __launch_bounds__(threads, N): ptxas then keeps
+# the registers a thread within the share N resident CTAs an SM leave it
+LAUNCH_MIN_BLOCKS_ATTR = "tirx.launch_bounds_min_blocks_per_sm"
 
 
 def _dist_version(name: str) -> str | None:

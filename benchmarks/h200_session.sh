@@ -10,8 +10,10 @@
 #        `suite cnn`, `suite transformers`, `suite rest` -- groups of the default list)
 #   bash benchmarks/h200_session.sh kernels    # GPU tests of the kernels being decided, and the
 #        attention kernels alone against torch's SDPA
-#   bash benchmarks/h200_session.sh verify     # the Hopper GEMMs for two CTAs an SM against the
-#        default on the models still above torch.compile, with profiles; VERIFY_MODELS picks them
+#   bash benchmarks/h200_session.sh hopper     # the Hopper GEMM variants' GPU value tests alone
+#   bash benchmarks/h200_session.sh verify     # the Hopper GEMM variants (two CTAs an SM,
+#        persistent, both) against the default on the models still above torch.compile, with
+#        profiles; VERIFY_MODELS / VERIFY_VARIANTS pick them
 #   bash benchmarks/h200_session.sh tune 1|2   # issue 21: amp tune on TUNE_MODEL (yolo_head), then
 #        its tuned build timed beside the default and torch.compile
 #   bash benchmarks/h200_session.sh dynamic    # issue 22: dynamic vs static builds
@@ -47,6 +49,8 @@ case "$step" in
       "tests/backends/cuda/test_hopper_gemm.py::test_symbolic_rows_over_a_range_match_float64" \
       "tests/backends/cuda/test_hopper_gemm.py::test_fused_tail_matches_float64" \
       tests/backends/cuda/test_hopper_gemm.py::test_two_per_sm_matches_float64 \
+      tests/backends/cuda/test_hopper_gemm.py::test_persistent_matches_float64 \
+      tests/backends/cuda/test_hopper_gemm.py::test_symbolic_rows_persistent_match_float64 \
       "tests/backends/cuda/test_conv_gemm.py::test_wide_pointwise_convs_on_gpu" \
       "tests/backends/cuda/test_conv_gemm.py::test_symbolic_batch_convs_on_gpu" \
       "tests/backends/cuda/test_norm_cast.py::test_symbolic_rows_match_float64_on_gpu" \
@@ -86,16 +90,28 @@ case "$step" in
       --shapes "8,12,1500,64;8,12,197,64;8,12,128,64;8,12,512,64" --number 10 --repeat 10 \
       2>&1 | tail -14
     ;;
+  hopper)
+    # the Hopper GEMM variants' GPU value tests alone (two CTAs an SM, persistent): run before
+    # `verify` times them, with a short limit (a kernel whose barriers deadlock hangs)
+    timeout 240 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider \
+      --junitxml="$OUT/hopper_tests.xml" tests/backends/cuda/test_hopper_gemm.py \
+      -k "two_per_sm or persistent" 2>&1 | tail -8
+    ;;
   verify)
-    # issue 21's open A/B with the per-kernel profiles, one run: the Hopper GEMMs planned for
-    # two CTAs an SM (cuda.hopper_two_per_sm: the epilogue of one under the main loop of the
-    # other; docs/gpu-performance.md, "The Hopper GEMM's epilogue is exposed") on the models
-    # above torch.compile. (Its earlier A/Bs, hopper-short-k and mma-attention-wide, were
-    # timed on 2026-12-07 and stay off.) VERIFY_MODELS picks the models.
+    # issue 21's open A/Bs, one run: the fixes for the Hopper GEMM's exposed epilogue
+    # (docs/gpu-performance.md, "The Hopper GEMM's epilogue is exposed") -- two CTAs an SM
+    # (cuda.hopper_two_per_sm: the epilogue of one under the main loop of the other),
+    # persistent kernels (cuda.hopper_persistent: the next tile's loads under the epilogue)
+    # and both -- on the models above torch.compile. (Its earlier A/Bs, hopper-short-k and
+    # mma-attention-wide, were timed on 2026-12-07 and stay off.) VERIFY_MODELS picks the
+    # models, VERIFY_VARIANTS the variants (files in benchmarks/variants).
     V=benchmarks/variants
     models=${VERIFY_MODELS:-whisper_encoder,vit_b_16,convnext_tiny,yolo_head}
+    vs=${VERIFY_VARIANTS:-hopper-two-per-sm hopper-persistent hopper-persistent-two-per-sm}
     variants=()
-    for m in ${models//,/ }; do variants+=(--variant "$m.dynamo:two-per-sm=$V/hopper-two-per-sm.yaml"); done
+    for m in ${models//,/ }; do
+      for v in $vs; do variants+=(--variant "$m.dynamo:${v#hopper-}=$V/$v.yaml"); done
+    done
     timeout 580 "$PY" benchmarks/gpu_suite.py --models '' --corpus "$models" \
       --torch-modes reduce-overhead --amp-precisions fp16 --jobs 8 \
       --budget-s "${VERIFY_BUDGET_S:-420}" --json "$OUT/verify_suite.json" \

@@ -173,6 +173,7 @@ def test_cli_no_cuda_graph_is_reported(model_files, tmp_path):
                                         "unroll_injective": True,
                                         "depthwise_conv": True, "hopper_gemm": True,
                                         "hopper_min_k": 512, "hopper_two_per_sm": False,
+                                        "hopper_persistent": False,
                                         "hopper_symbolic_m": True,
                                         "index32": True,
                                         "hopper_m_variants": True,

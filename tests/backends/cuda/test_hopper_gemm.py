@@ -52,7 +52,11 @@ def gelu_tanh_gemm(m, n, k, dtype="float16"):
 
 
 def hopper(func):
-    made = hg.hopper_func(func)
+    return hopper_args(func)
+
+
+def hopper_args(func, **kwargs):
+    made = hg.hopper_func(func, **kwargs)
     assert not isinstance(made, str), made
     return made
 
@@ -113,6 +117,45 @@ def test_two_per_sm_reaches_the_pass():
     tiles = [str(hg.make_pass(build_context(target, cfg, {}))(mod)["gemm"].attrs[HOPPER_TILE])
              for cfg in (CudaConfig(), CudaConfig(hopper_two_per_sm=True))]
     assert tiles == ["128x192x64s5", "128x128x64s3"]
+
+
+def test_two_per_sm_kernels_ask_ptxas_for_two_ctas():
+    """The two-CTAs-an-SM plan reaches ptxas as ``__launch_bounds__(288, 2)``, which caps the
+    registers a thread at the two CTAs' share; the default plan's kernel has no such bound."""
+    two = tvm_compat.cuda_source(build(hopper_args(gemm(1000, 3072, 768, bias=True), per_sm=2),
+                                       "sm_90a"))
+    one = tvm_compat.cuda_source(build(hopper(gemm(1000, 3072, 768, bias=True)), "sm_90a"))
+    assert "__launch_bounds__(288, 2)" in two
+    assert "__launch_bounds__(288)" in one and "__launch_bounds__(288, " not in one
+
+
+def test_persistent_kernels_walk_their_tiles():
+    """``cuda.hopper_persistent``: at most one CTA an SM, each walking tiles ``bid, bid +
+    grid, ...`` in a loop around the producer's and the consumers' K loops (the consumers'
+    stays unrolled), the ring's stage and phase counted across tiles; the tile name says so,
+    and the switch reaches the pass."""
+    import re
+
+    from amp_cli.backends.cuda.pipeline import build_context
+    from amp_cli.compile import compile_target
+    from amp_cli.config import CudaConfig
+    from amp_cli.ir_attrs import HOPPER_TILE
+    from amp_cli.target import resolve_target
+
+    made = hopper_args(gemm(1000, 3072, 768, bias=True), persistent=True, sms=7)
+    assert str(made.attrs[HOPPER_TILE]) == "128x192x64s5p"
+    src = tvm_compat.cuda_source(build(made, "sm_90a"))
+    kernel = src[src.find('extern "C" __global__'):]
+    # 8 x 16 = 128 tiles over 7 CTAs: a tile loop in the producer and one in the consumers
+    assert len(re.findall(r"for \(int it(_\d+)? = 0; it(_\d+)? < ", kernel)) == 2
+    assert "for (int kt_1" not in kernel          # the consumer's K loop is still unrolled
+    assert len(re.findall(r"wgmma_\w*mma_async\w*\(", kernel)) == 12 * 4   # K 768: 12 x 4
+    target = compile_target(resolve_target("cuda:sm_90"))
+    mod = tvm.IRModule({"gemm": gemm(1024, 3072, 1024, bias=True)})
+    tiles = [str(hg.make_pass(build_context(target, cfg, {}))(mod)["gemm"].attrs[HOPPER_TILE])
+             for cfg in (CudaConfig(hopper_persistent=True),
+                         CudaConfig(hopper_persistent=True, hopper_two_per_sm=True))]
+    assert tiles == ["128x192x64s5p", "128x128x64s3p"]
 
 
 def test_static_m_below_one_tile_is_declined():
@@ -319,6 +362,21 @@ def test_two_per_sm_matches_float64(m, n, k):
     assert _bias_relu_rel(m, n, k, 7, per_sm=2) < 2e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m,n,k,args", [
+    (1000, 3072, 768, dict(sms=7)),            # 128 tiles over 7 CTAs, 12 steps over 5 stages
+    (1000, 3072, 768, dict()),                 # one tile a CTA (128 tiles, 132 SMs)
+    (200, 256, 64, dict(sms=3, min_k=64)),     # one K step a tile: the ring turns per tile
+    (1000, 3072, 768, dict(sms=5, per_sm=2)),  # with two CTAs an SM: 3 stages
+])
+def test_persistent_matches_float64(m, n, k, args):
+    """Persistent kernels (``cuda.hopper_persistent``): CTAs walking several tiles, so the
+    stage ring's phases run across tile boundaries and the producer loads the next tile while
+    the consumers store this one."""
+    assert _bias_relu_rel(m, n, k, 9, persistent=True, **args) < 2e-3
+
+
 def symbolic_gemm(n, k, dtype="float16"):
     """out = res + (cast(A @ B^T, fp16) + bias) over a symbolic [batch, seq] of rows: a
     dynamic-shape BERT layer's GEMM with its residual."""
@@ -417,6 +475,16 @@ def test_symbolic_rows_match_float64(batch, seq):
     made = hg.hopper_func(symbolic_gemm(1024, 1024), symbolic=True,
                           dims={"batch": 8, "seq": 128})
     assert _symbolic_rel(made, batch, seq, 1024, 1024, seed=7) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("batch,seq", [(1, 16), (3, 50), (32, 128)])
+def test_symbolic_rows_persistent_match_float64(batch, seq):
+    """A persistent kernel over symbolic rows: its grid is min(tiles, SMs) of the call's M."""
+    made = hg.hopper_func(symbolic_gemm(1024, 1024), symbolic=True, persistent=True, sms=11,
+                          dims={"batch": 8, "seq": 128})
+    assert _symbolic_rel(made, batch, seq, 1024, 1024, seed=10) < 2e-3
 
 
 @pytest.mark.gpu

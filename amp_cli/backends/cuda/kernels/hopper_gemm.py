@@ -252,8 +252,14 @@ def _store_src(dtype: str):
                   f"{{ *({pair}*)p = {make}(a, b); }}\n")
 
 
-def gemm_kernel(match: GemmMatch, p: Plan):
-    """The TIRx PrimFunc (params: A, B, out, in that order, with the original shapes)."""
+def gemm_kernel(match: GemmMatch, p: Plan, persistent: bool = False, sms: int = HOPPER_SMS,
+                per_sm: int = 1):
+    """The TIRx PrimFunc (params: A, B, out, in that order, with the original shapes).
+    ``persistent`` (``cuda.hopper_persistent``): at most ``sms`` CTAs, each walking the tiles
+    ``bid, bid + grid, ...``; the producer runs ahead into the next tile's stages while the
+    consumers run the epilogue, and the stage ring and its mbarrier phases carry across tiles
+    (step ``g = it * KT + kt``). ``per_sm`` > 1: the CTAs an SM the plan is for, written into
+    ``__launch_bounds__`` so ptxas keeps each thread's registers within that share."""
     T = tvm_compat.tvmscript_tir()
 
     M, N, K = match.m, match.n, match.k
@@ -266,6 +272,8 @@ def gemm_kernel(match: GemmMatch, p: Plan):
     static_m = isinstance(M, int)
     M = tvm_compat.index32(M)  # a symbolic M (int64): the grid and the row guard in int32
     nbm, nbn = (M + (BM - 1)) // BM, N // BN
+    tiles = nbm * nbn
+    grid = (min(tiles, sms) if static_m else T.min(tiles, sms)) if persistent else tiles
     A_tile, B_tile = BM * BK, BN * BK
     tx_bytes = (A_tile + B_tile) * 2
     # cuTensorMapEncodeTiled: dims (inner, outer), outer stride in bytes, box, element strides,
@@ -279,7 +287,63 @@ def gemm_kernel(match: GemmMatch, p: Plan):
     epi, views = _epilogue_fn(match)
     guard = not static_m or M % BM != 0
 
+    def step(it, kt):
+        """The CTA's K step across its tiles (``it``: its tile counter; None: one tile)."""
+        return kt if it is None else it * KT + kt
+
     # fmt: off
+    @T.macro
+    def produce(it, tile, As, Bs, full, empty, A_map, B_map):
+        pm0: T.let = (tile // nbn) * BM
+        pn0: T.let = (tile % nbn) * BN
+        for kt in T.serial(KT):
+            if step(it, kt) >= S:
+                T.cuda.mbarrier_wait(empty.ptr_to([step(it, kt) % S]), (step(it, kt) // S + 1) % 2)
+            T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([step(it, kt) % S]), T.uint32(tx_bytes))
+            T.ptx[tma](As.ptr_to([step(it, kt) % S, 0, 0]), T.address_of(A_map), kt * BK, pm0, full.ptr_to([step(it, kt) % S]))
+            T.ptx[tma](Bs.ptr_to([step(it, kt) % S, 0, 0]), T.address_of(B_map), kt * BK, pn0, full.ptr_to([step(it, kt) % S]))
+
+    @T.macro
+    def consume(it, tile, As, Bs, full, empty, acc, descA, descB, Of, wg, t):
+        m0: T.let = (tile // nbn) * BM
+        n0: T.let = (tile % nbn) * BN
+        if persistent:
+            for i in T.unroll(NACC):
+                acc[i] = T.float32(0)
+            T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+        for kt in T.unroll(KT):  # no loop back-edge while a wgmma group is in flight
+            T.cuda.mbarrier_wait(full.ptr_to([step(it, kt) % S]), (step(it, kt) // S) % 2)
+            T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(BK // 16):
+                T.ptx[wgmma](*[acc[i] for i in range(NACC)],
+                             descA + T.uint64(((step(it, kt) % S) * A_tile * 2 + kk * 32) // 16),
+                             descB + T.uint64(((step(it, kt) % S) * B_tile * 2 + kk * 32) // 16), True, 1, 1, 0, 0)
+            T.ptx.wgmma.commit_group.sync.aligned()
+            T.ptx.wgmma.wait_group.sync.aligned(1)
+            T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+            if kt > 0:
+                if t % 32 == 0:
+                    T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(step(it, kt) - 1) % S]))
+        T.ptx.wgmma.wait_group.sync.aligned(0)
+        T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
+        if persistent:  # the tile's last stage goes back to the producer before the epilogue
+            if t % 32 == 0:
+                T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([step(it, KT - 1) % S]))
+        row: T.let = m0 + wg * 64 + t // 32 * 16 + t % 32 // 4
+        for i in T.unroll(BN // 8):
+            col: T.let = n0 + i * 8 + t % 4 * 2
+            if not guard or row < M:
+                T.cuda.func_call(st, Of.ptr_to([row, col]),
+                                 T.Cast(out_dtype, epi(acc[i * 4], row, col)),
+                                 T.Cast(out_dtype, epi(acc[i * 4 + 1], row, col + 1)),
+                                 source_code=st_src, return_type="void")
+            if not guard or row + 8 < M:
+                T.cuda.func_call(st, Of.ptr_to([row + 8, col]),
+                                 T.Cast(out_dtype, epi(acc[i * 4 + 2], row + 8, col)),
+                                 T.Cast(out_dtype, epi(acc[i * 4 + 3], row + 8, col + 1)),
+                                 source_code=st_src, return_type="void")
+
     @T.prim_func(check_well_formed=False)
     def main(A_ptr: T.handle, B_ptr: T.handle, O_ptr: T.handle):
         A = T.match_buffer(A_ptr, a_shape, dt, align=16)
@@ -290,7 +354,9 @@ def gemm_kernel(match: GemmMatch, p: Plan):
         B_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
         T.call_packed("runtime.cuTensorMapEncodeTiled", B_map, dt, 2, B.data, *b_args)
         T.device_entry()
-        bid = T.cta_id([nbm * nbn])
+        if per_sm > 1:
+            T.attr({tvm_compat.LAUNCH_MIN_BLOCKS_ATTR: per_sm})
+        bid = T.cta_id([grid])
         tid = T.thread_id([288])
         Of = T.decl_buffer((M, N), out_dtype, data=O.data)
         arena = T.alloc_buffer((S * (A_tile + B_tile),), dt, scope="shared.dyn", align=1024)
@@ -298,8 +364,6 @@ def gemm_kernel(match: GemmMatch, p: Plan):
         Bs = T.decl_buffer((S, BN, BK), dt, data=arena.data, elem_offset=S * A_tile, scope="shared.dyn")
         full = T.alloc_shared((S,), "uint64")
         empty = T.alloc_shared((S,), "uint64")
-        m0: T.let = (bid // nbn) * BM
-        n0: T.let = (bid % nbn) * BN
         if tid == 256:
             for s in T.serial(S):
                 T.ptx.mbarrier.init.shared.b64(full.ptr_to([s]), T.uint32(1))
@@ -307,12 +371,11 @@ def gemm_kernel(match: GemmMatch, p: Plan):
         T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
         if tid == 256:
-            for kt in T.serial(KT):
-                if kt >= S:
-                    T.cuda.mbarrier_wait(empty.ptr_to([kt % S]), (kt // S + 1) % 2)
-                T.ptx.mbarrier.arrive.expect_tx.shared.b64(full.ptr_to([kt % S]), T.uint32(tx_bytes))
-                T.ptx[tma](As.ptr_to([kt % S, 0, 0]), T.address_of(A_map), kt * BK, m0, full.ptr_to([kt % S]))
-                T.ptx[tma](Bs.ptr_to([kt % S, 0, 0]), T.address_of(B_map), kt * BK, n0, full.ptr_to([kt % S]))
+            if persistent:
+                for it in T.serial((tiles - bid + grid - 1) // grid):
+                    produce(it, bid + it * grid, As, Bs, full, empty, A_map, B_map)
+            else:
+                produce(None, bid, As, Bs, full, empty, A_map, B_map)
         elif tid < 256:
             wg: T.let = tid // 128
             t: T.let = tid % 128
@@ -324,35 +387,11 @@ def gemm_kernel(match: GemmMatch, p: Plan):
             T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA), As.ptr_to([0, wg * 64, 0]), 1, 64, 3)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB), Bs.ptr_to([0, 0, 0]), 1, 64, 3)
-            for kt in T.unroll(KT):  # no loop back-edge while a wgmma group is in flight
-                T.cuda.mbarrier_wait(full.ptr_to([kt % S]), (kt // S) % 2)
-                T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
-                T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(BK // 16):
-                    T.ptx[wgmma](*[acc[i] for i in range(NACC)],
-                                 descA + T.uint64(((kt % S) * A_tile * 2 + kk * 32) // 16),
-                                 descB + T.uint64(((kt % S) * B_tile * 2 + kk * 32) // 16), True, 1, 1, 0, 0)
-                T.ptx.wgmma.commit_group.sync.aligned()
-                T.ptx.wgmma.wait_group.sync.aligned(1)
-                T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
-                if kt > 0:
-                    if t % 32 == 0:
-                        T.ptx.mbarrier.arrive.shared.b64(empty.ptr_to([(kt - 1) % S]))
-            T.ptx.wgmma.wait_group.sync.aligned(0)
-            T.cuda.func_call(fence, acc.ptr_to([0]), source_code=fence_src, return_type="void")
-            row: T.let = m0 + wg * 64 + t // 32 * 16 + t % 32 // 4
-            for i in T.unroll(BN // 8):
-                col: T.let = n0 + i * 8 + t % 4 * 2
-                if not guard or row < M:
-                    T.cuda.func_call(st, Of.ptr_to([row, col]),
-                                     T.Cast(out_dtype, epi(acc[i * 4], row, col)),
-                                     T.Cast(out_dtype, epi(acc[i * 4 + 1], row, col + 1)),
-                                     source_code=st_src, return_type="void")
-                if not guard or row + 8 < M:
-                    T.cuda.func_call(st, Of.ptr_to([row + 8, col]),
-                                     T.Cast(out_dtype, epi(acc[i * 4 + 2], row + 8, col)),
-                                     T.Cast(out_dtype, epi(acc[i * 4 + 3], row + 8, col + 1)),
-                                     source_code=st_src, return_type="void")
+            if persistent:
+                for it in T.serial((tiles - bid + grid - 1) // grid):
+                    consume(it, bid + it * grid, As, Bs, full, empty, acc, descA, descB, Of, wg, t)
+            else:
+                consume(None, bid, As, Bs, full, empty, acc, descA, descB, Of, wg, t)
     # fmt: on
     if not views:
         return main
@@ -401,14 +440,16 @@ def _tile_name(p: Plan) -> str:
 
 
 def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool = False,
-                dims: dict | None = None, ranges: dict | None = None, per_sm: int = 1):
+                dims: dict | None = None, ranges: dict | None = None, per_sm: int = 1,
+                persistent: bool = False):
     """``func`` rewritten as a Hopper GEMM kernel with the same parameters, or a string saying
     why not. ``symbolic``: GEMMs whose rows are symbolic too (the TMA descriptors are encoded
     per call from the runtime M, the grid is M's row blocks, the stores are guarded). Over
     ``ranges`` ({dim: (lo, hi)}) each run of M with its own plan gets its own kernel, chosen by
     a host-side branch on M (a batch-1 sequence of 128 rows takes the 64-wide tile that fills
     the GPU, as its static build does, not the optimum's wider one); without ranges one kernel,
-    planned for M at ``dims`` ({dim: optimum}). ``per_sm``: :func:`plan`'s."""
+    planned for M at ``dims`` ({dim: optimum}). ``per_sm``: :func:`plan`'s. ``persistent``:
+    :func:`gemm_kernel`'s (the tile's name ends in ``p``)."""
     T = tvm_compat.tirx()
     match = match_gemm(func, symbolic)
     if isinstance(match, str):
@@ -420,7 +461,7 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
         plans = _symbolic_plans(match, sms, min_k, dims, ranges, per_sm)
     if isinstance(plans, str):
         return plans
-    kernels = [gemm_kernel(match, p) for _, p in plans]
+    kernels = [gemm_kernel(match, p, persistent, sms, per_sm) for _, p in plans]
     first = kernels[0]
     # Same parameter list as ``func``: the kernel's own A/B/out parameters in their places,
     # the epilogue's other buffers (bias, residual) from ``func``.
@@ -438,6 +479,7 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
     attrs = dict(func.attrs.items()) if func.attrs else {}
     tile = _tile_name(plans[0][1]) if len(plans) == 1 else \
         ",".join(f"{_tile_name(p)}@{start}" for start, p in plans)
+    tile += "p" if persistent else ""
     attrs.update({TIRX_KERNEL: True, IS_SCHEDULED: True, HOPPER_TILE: tile})
     attrs.pop(OP_PATTERN, None)
     return T.PrimFunc(params, body).with_attrs(attrs)
@@ -445,10 +487,10 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
 
 def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
                      symbolic: bool = False, dims: dict | None = None,
-                     ranges: dict | None = None, per_sm: int = 1):
+                     ranges: dict | None = None, per_sm: int = 1, persistent: bool = False):
     """A module pass that replaces every matching fused GEMM PrimFunc by its Hopper kernel
     (runs after FuseTIR, before the schedule rules); counts them in ``stats['hopper_gemm']``
-    (``symbolic``, ``dims``, ``ranges``: :func:`hopper_func`)."""
+    (``symbolic``, ``dims``, ``ranges``, ``per_sm``, ``persistent``: :func:`hopper_func`)."""
     tvm = tvm_compat.tvm()
     sms = sm_count(arch_sm(target))
 
@@ -458,7 +500,7 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
         for gv, f in mod.functions_items():
             if not isinstance(f, tvm_compat.prim_func_class()):
                 continue
-            made = hopper_func(f, sms, min_k, symbolic, dims, ranges, per_sm)
+            made = hopper_func(f, sms, min_k, symbolic, dims, ranges, per_sm, persistent)
             if not isinstance(made, str):
                 updates[gv] = made
         if stats is not None and updates:
@@ -469,7 +511,8 @@ def hopper_gemm_pass(target, stats: dict | None = None, min_k: int = MIN_K,
 
 
 @register("hopper_gemm", "tir", 10, switch="hopper_gemm",
-          reads=("hopper_min_k", "hopper_symbolic_m", "hopper_m_variants", "hopper_two_per_sm"),
+          reads=("hopper_min_k", "hopper_symbolic_m", "hopper_m_variants", "hopper_two_per_sm",
+                 "hopper_persistent"),
           labels={"hopper_gemm": "GEMMs as Hopper wgmma + TMA kernels (epilogue fused)"})
 def make_pass(ctx):
     if not enabled_for(ctx.target):
@@ -477,4 +520,4 @@ def make_pass(ctx):
     return hopper_gemm_pass(ctx.target, ctx.stats, ctx.cuda.hopper_min_k,
                             ctx.cuda.hopper_symbolic_m, ctx.dims,
                             ctx.ranges if ctx.cuda.hopper_m_variants else None,
-                            2 if ctx.cuda.hopper_two_per_sm else 1)
+                            2 if ctx.cuda.hopper_two_per_sm else 1, ctx.cuda.hopper_persistent)
