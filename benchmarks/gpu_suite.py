@@ -90,6 +90,9 @@ def parse_args(argv):
     ap.add_argument("--ort", action="store_true",
                     help="also time ONNX Runtime (CUDA provider if installed, else CPU)")
     ap.add_argument("--no-profile", action="store_true", help="skip amp's per-kernel profile")
+    ap.add_argument("--profile-precisions", default="fp16",
+                    help="comma list of the amp precisions profiled per kernel (each from a "
+                         "build without CUDA graphs), of those in --amp-precisions [fp16]")
     ap.add_argument("--variant", action="append", default=[], metavar="[MODEL:]NAME=CONFIG.yaml",
                     help="also build and time amp fp16 with this --config (e.g. a cuda: section "
                          "turning one optimization off, for an A/B in the same run), for every "
@@ -128,7 +131,16 @@ def torch_modes(args) -> list[tuple]:
 
 
 # ---------------------------------------------------------------------------------------------
-NO_GRAPH_LABEL = "amp fp16, no CUDA graph"
+def no_graph_label(precision: str) -> str:
+    return f"amp {precision}, no CUDA graph"
+
+
+def profiled_precisions(args) -> list[str]:
+    """The amp precisions profiled per kernel: --profile-precisions that are built at all."""
+    if args.no_profile:
+        return []
+    built = args.amp_precisions.split(",")
+    return [p for p in args.profile_precisions.split(",") if p and p in built]
 
 
 def start_build(onnx_path: Path, outdir: Path, target: str, precision: str,
@@ -277,10 +289,10 @@ def main(argv=None) -> int:
                 continue
             variants.append(("fp16", None, f"amp fp16 {vname}",
                              ("--config", str(Path(vcfg).resolve()))))
-        if not args.no_profile and "fp16" in args.amp_precisions.split(","):
+        for prec in profiled_precisions(args):
             # CUDA graphs hide the kernels from the VM's instrument (one capture call): the
             # per-kernel profile needs a build without them, timed too (graphs' share)
-            variants.append(("fp16", None, NO_GRAPH_LABEL, ("--no-cuda-graph",)))
+            variants.append((prec, None, no_graph_label(prec), ("--no-cuda-graph",)))
         for prec, db, label, flags in variants:
             jobs.append({"model": m.name, "label": label, "name": f"{m.name} {label}",
                          "onnx": work / f"{m.name}.onnx", "target": target, "precision": prec,
@@ -355,14 +367,16 @@ def main(argv=None) -> int:
         if args.ort:
             runners.append(time_ort(work / f"{m.name}.onnx", feed, m.batch, cfg, refs[m.name]))
         result["models"][m.name]["runners"] = [r.to_dict() for r in runners]
-        fp16 = next((j for j in jobs if j["model"] == m.name and j["label"] == NO_GRAPH_LABEL
-                     and j.get("rc") == 0), None)
-        if fp16 and not args.no_profile and time.perf_counter() < deadline:
+        for prec in profiled_precisions(args):
+            job = next((j for j in jobs if j["model"] == m.name
+                        and j["label"] == no_graph_label(prec) and j.get("rc") == 0), None)
+            if job is None or time.perf_counter() >= deadline:
+                continue
             try:
-                result["models"][m.name]["amp_fp16_profile"] = profile_library(
-                    str(fp16["outdir"] / "model.so"), "cuda", feed, order, top=15)
+                result["models"][m.name][f"amp_{prec}_profile"] = profile_library(
+                    str(job["outdir"] / "model.so"), "cuda", feed, order, top=15)
             except Exception as exc:  # noqa: BLE001
-                result["notes"].append(f"{m.name}: profile failed: {exc}")
+                result["notes"].append(f"{m.name}: {prec} profile failed: {exc}")
         torch_runs.pop(m.name, None)
         _free_torch()
     finish(result, json_path)
@@ -520,13 +534,14 @@ def render(result: dict, build_only: bool = False) -> str:
             if stock:
                 goal += f"; vs stock TVM fp16 {stock} ms: {stock / a:.2f}x faster (milestone >= 2x)"
             lines.append(goal)
-        prof = m.get("amp_fp16_profile")
-        if prof:
-            lines.append(f"{'':<12} amp fp16 top kernels (no CUDA graph build; synced, incl. "
-                         f"launch): " + ", ".join(
-                f"{p['name']} {p['ms']:.3f}ms x{p['count']} ({p['percent']:.0f}%"
-                + (f", >={p['gbps']:.0f} GB/s" if p.get("gbps") else "") + ")"
-                for p in prof[:5]))
+        for prec in ("fp16", "bf16", "fp32"):
+            prof = m.get(f"amp_{prec}_profile")
+            if prof:
+                lines.append(f"{'':<12} amp {prec} top kernels (no CUDA graph build; synced, "
+                             f"incl. launch): " + ", ".join(
+                    f"{p['name']} {p['ms']:.3f}ms x{p['count']} ({p['percent']:.0f}%"
+                    + (f", >={p['gbps']:.0f} GB/s" if p.get("gbps") else "") + ")"
+                    for p in prof[:5]))
     lines += summary_lines(result)
     for n in result.get("notes", []):
         lines.append(f"note: {n}")

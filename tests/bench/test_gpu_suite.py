@@ -76,3 +76,18 @@ def test_corpus_bench_model_exports_the_module_it_times(tmp_path):
     with torch.no_grad():
         want = model.make_torch(w)(torch.from_numpy(feeds["input"])).numpy()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_profiled_precisions_are_the_built_ones_asked_for():
+    """--profile-precisions picks which amp builds get a graph-free twin to profile (the bf16
+    one is how a bf16 build slower than fp16 is looked into); --no-profile turns all off."""
+    def profiled(*argv):
+        return gpu_suite.profiled_precisions(gpu_suite.parse_args(list(argv)))
+
+    assert profiled() == ["fp16"]
+    assert profiled("--amp-precisions", "fp16,bf16", "--profile-precisions", "fp16,bf16") == [
+        "fp16", "bf16"]
+    assert profiled("--amp-precisions", "fp16", "--profile-precisions", "bf16") == []
+    assert profiled("--amp-precisions", "fp16,bf16", "--profile-precisions", "bf16",
+                    "--no-profile") == []
+    assert gpu_suite.no_graph_label("bf16") == "amp bf16, no CUDA graph"
