@@ -11,6 +11,7 @@
 #   bash benchmarks/h200_session.sh kernels    # GPU tests of the kernels being decided, and the
 #        attention kernels alone against torch's SDPA
 #   bash benchmarks/h200_session.sh hopper     # the Hopper GEMM variants' GPU value tests alone
+#   bash benchmarks/h200_session.sh epilogue   # `hopper`, then `verify` narrowed to fit the same call
 #   bash benchmarks/h200_session.sh verify     # the Hopper GEMM variants (two CTAs an SM,
 #        persistent, both) against the default on the models still above torch.compile, with
 #        profiles; VERIFY_MODELS / VERIFY_VARIANTS pick them
@@ -96,6 +97,12 @@ case "$step" in
     timeout 240 "$PY" -m pytest -m gpu -q --tb=short -p no:cacheprovider \
       --junitxml="$OUT/hopper_tests.xml" tests/backends/cuda/test_hopper_gemm.py \
       -k "two_per_sm or persistent" 2>&1 | tail -8
+    ;;
+  epilogue)
+    # `hopper` and a narrowed `verify` in one call, for a session with ~8 minutes of device
+    # time: the variants are timed only if their float64 tests pass
+    bash "$0" hopper && VERIFY_MODELS=${VERIFY_MODELS:-whisper_encoder,vit_b_16,convnext_tiny} \
+      VERIFY_BUDGET_S=${VERIFY_BUDGET_S:-300} timeout 420 bash "$0" verify --no-profile "$@"
     ;;
   verify)
     # issue 21's open A/Bs, one run: the fixes for the Hopper GEMM's exposed epilogue
