@@ -35,7 +35,10 @@ Status (H200; docs/gpu-performance.md, "Hopper GEMMs"): on by default (``cuda.ho
 An early version lost accuracy on K=4096 (a rolled K loop with a wgmma group in flight across its
 back-edge); with the consumer's K loop unrolled in TIR, bert-large's four GEMM kernels match
 dlight's output exactly and bert-large fp16 runs in 1.91 ms (rel L2 1.29e-3 vs ORT fp32; 3.21 ms
-with amp's wmma GEMMs; torch.compile reduce-overhead 2.23 ms in the same run).
+with amp's wmma GEMMs; torch.compile reduce-overhead 2.23 ms in the same run). Two opt-in
+layouts overlap the epilogue with tensor-core work (docs/gpu-performance.md, "The Hopper
+GEMM's epilogue is exposed"; not yet timed): ``cuda.hopper_two_per_sm`` (``plan``'s
+``per_sm=2``) and ``cuda.hopper_persistent`` (``gemm_kernel``'s ``persistent``).
 """
 from __future__ import annotations
 
@@ -169,8 +172,9 @@ def gemm_kernel(match: GemmMatch, p: Plan, persistent: bool = False, sms: int = 
     ``persistent`` (``cuda.hopper_persistent``): at most ``sms * per_sm`` CTAs, each walking
     the tiles ``bid, bid + grid, ...``; the producer runs ahead into the next tile's stages
     while the consumers run the epilogue, and the stage ring and its mbarrier phases carry
-    across tiles (step ``g = it * KT + kt``). ``per_sm`` > 1: the CTAs an SM the plan is for, written into
-    ``__launch_bounds__`` so ptxas keeps each thread's registers within that share."""
+    across tiles (step ``g = it * KT + kt``). ``per_sm`` > 1: the CTAs an SM the plan is for,
+    written into ``__launch_bounds__`` so ptxas keeps each thread's registers within that
+    share."""
     T = tvm_compat.tvmscript_tir()
 
     M, N, K = match.m, match.n, match.k
