@@ -10,6 +10,7 @@ tvm = pytest.importorskip("tvm")
 
 from amp_cli import tvm_compat  # noqa: E402
 from amp_cli.backends.cuda.kernels import hopper_gemm as hg  # noqa: E402
+from amp_cli.backends.cuda.kernels import hopper_plan as hp  # noqa: E402
 from test_tc_gemm import build, gemm  # noqa: E402
 
 
@@ -63,12 +64,12 @@ def hopper_args(func, **kwargs):
 
 # ------------------------------------------------------------------ planning and matching
 def test_plan_fills_the_gpu_with_the_widest_tile():
-    assert hg.plan(1024, 4096, 1024) == hg.Plan(128, 6)      # 256 CTAs
-    assert hg.plan(1024, 3072, 1024) == hg.Plan(192, 5)
-    assert hg.plan(1024, 1024, 4096) == hg.Plan(64, 6)
-    assert hg.plan(256, 256, 512) == hg.Plan(64, 6)          # too small to fill: most CTAs
-    for p in (hg.plan(1024, 4096, 1024), hg.plan(1024, 1024, 4096)):
-        assert p.smem_bytes() <= hg.SMEM_BUDGET
+    assert hp.plan(1024, 4096, 1024) == hp.Plan(128, 6)      # 256 CTAs
+    assert hp.plan(1024, 3072, 1024) == hp.Plan(192, 5)
+    assert hp.plan(1024, 1024, 4096) == hp.Plan(64, 6)
+    assert hp.plan(256, 256, 512) == hp.Plan(64, 6)          # too small to fill: most CTAs
+    for p in (hp.plan(1024, 4096, 1024), hp.plan(1024, 1024, 4096)):
+        assert p.smem_bytes() <= hp.SMEM_BUDGET
 
 
 @pytest.mark.parametrize("m,n,k,why", [
@@ -79,17 +80,17 @@ def test_plan_fills_the_gpu_with_the_widest_tile():
     (64, 1024, 1024, "below"),
 ])
 def test_plan_declines(m, n, k, why):
-    assert why in hg.plan(m, n, k)
+    assert why in hp.plan(m, n, k)
 
 
 def test_plan_takes_shorter_k_when_asked():
     """``cuda.hopper_min_k`` lowers the K threshold (ConvNeXt's and Whisper's K = 384 / 768
     GEMMs); never below one 64-deep step, and K must still be a multiple of 64."""
-    assert "in 512..8192" in hg.plan(1568, 1536, 384)
-    assert hg.plan(1568, 1536, 384, min_k=128) == hg.Plan(128, 6)
-    assert isinstance(hg.plan(1024, 1024, 64, min_k=0), hg.Plan)
-    assert "in 64..8192" in hg.plan(1024, 1024, 0, min_k=0)
-    assert "multiple of 64" in hg.plan(1568, 384, 96, min_k=64)
+    assert "in 512..8192" in hp.plan(1568, 1536, 384)
+    assert hp.plan(1568, 1536, 384, min_k=128) == hp.Plan(128, 6)
+    assert isinstance(hp.plan(1024, 1024, 64, min_k=0), hp.Plan)
+    assert "in 64..8192" in hp.plan(1024, 1024, 0, min_k=0)
+    assert "multiple of 64" in hp.plan(1568, 384, 96, min_k=64)
 
 
 def test_two_per_sm_plans_narrow_tiles_and_half_the_stages():
@@ -97,11 +98,11 @@ def test_two_per_sm_plans_narrow_tiles_and_half_the_stages():
     BN = 128, 140 at 192; two 288-thread CTAs fit 65,536 only under 113) and shared memory for
     two CTAs."""
     for m, n, k in [(12000, 3072, 768), (1024, 4096, 1024), (1576, 768, 3072), (256, 256, 512)]:
-        one, two = hg.plan(m, n, k), hg.plan(m, n, k, per_sm=2)
-        assert two.bn <= 128 and 2 * two.smem_bytes() <= hg.SMEM_BUDGET, (m, n, k, two)
+        one, two = hp.plan(m, n, k), hp.plan(m, n, k, per_sm=2)
+        assert two.bn <= 128 and 2 * two.smem_bytes() <= hp.SMEM_BUDGET, (m, n, k, two)
         assert two.stages >= 3 and (one.bn > 128 or two.stages < one.stages), (one, two)
-    assert hg.plan(12000, 3072, 768, per_sm=2) == hg.Plan(128, 3)
-    assert [p.bn for _, p in hg.plan_variants(1, 4096, 3072, 1024, per_sm=2)] == [64, 128]
+    assert hp.plan(12000, 3072, 768, per_sm=2) == hp.Plan(128, 3)
+    assert [p.bn for _, p in hp.plan_variants(1, 4096, 3072, 1024, per_sm=2)] == [64, 128]
 
 
 def test_two_per_sm_reaches_the_pass():
@@ -438,7 +439,7 @@ def test_symbolic_rows_over_a_range_get_one_kernel_per_plan():
     made = hg.hopper_func(func, symbolic=True, dims={"batch": 8, "seq": 128}, ranges=ranges)
     assert not isinstance(made, str), made
     assert str(made.attrs[hg.HOPPER_TILE]) == "128x64x64s6@16,128x192x64s5@897"
-    assert hg.plan(128, 3072, 1024) == hg.Plan(64, 6)   # what batch 1 gets in a static build
+    assert hp.plan(128, 3072, 1024) == hp.Plan(64, 6)   # what batch 1 gets in a static build
     src = tvm_compat.cuda_source(build(made, "sm_90a"))
     widths = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", src))
     assert widths == {"64", "192"}

@@ -21,7 +21,7 @@ instructions. This module writes one such kernel per GEMM:
 Which GEMMs (``hopper_match.match_gemm``): a fused PrimFunc whose first block is an NT matmul
 (A [..., K] with K contiguous, B [N, K], fp16/bf16, fp32 or same-type accumulation;
 ``matmul_nt`` produces these) followed only by spatial blocks that end in one output of the
-matmul's shape. Sizes (``plan``): N a multiple of 64, K a multiple of 64 in
+matmul's shape. Sizes (``hopper_plan.plan``): N a multiple of 64, K a multiple of 64 in
 ``cuda.hopper_min_k``..``MAX_K``, M >= 128; with ``cuda.hopper_symbolic_m`` also symbolic M
 (every M >= 1, guarded: the optimum's plan, and with ``cuda.hopper_m_variants`` a kernel per
 narrower plan below the optimum behind a host branch on M, ``plan_variants``). Everything
@@ -51,10 +51,7 @@ from ....ir_module import replace_functions
 from ..registry import register
 from .hopper_match import (IN_TYPES, PAIR_TYPES, GemmMatch, dtype_of, extents, match_gemm,
                            same_extents, same_vars, static_extents)
-# the planning lives in hopper_plan; its names stay importable from here (tests, benchmarks)
-from .hopper_plan import (BK, BM, BNS, HOPPER_SMS, MAX_K, MAX_STAGES, MAX_VARIANTS,  # noqa: F401
-                          MIN_K, SMEM_BUDGET, TWO_PER_SM_BNS, Plan, plan, plan_variants,
-                          symbolic_plans, tile_name)
+from .hopper_plan import BK, BM, HOPPER_SMS, MIN_K, Plan, plan, symbolic_plans, tile_name
 MIN_SM, MAX_SM = 90, 90  # sm_90a instructions (wgmma): Hopper only
 
 
@@ -339,7 +336,7 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
     a host-side branch on M (a batch-1 sequence of 128 rows takes the 64-wide tile that fills
     the GPU, as its static build does, not the optimum's wider one); without ranges one kernel,
     planned for M at ``dims`` ({dim: optimum}). ``per_sm``: :func:`plan`'s. ``persistent``:
-    :func:`gemm_kernel`'s (the tile's name ends in ``p``)."""
+    :func:`gemm_kernel`'s (:func:`tile_name`)."""
     T = tvm_compat.tirx()
     match = match_gemm(func, symbolic)
     if isinstance(match, str):
@@ -367,9 +364,8 @@ def hopper_func(func, sms: int = HOPPER_SMS, min_k: int = MIN_K, symbolic: bool 
                              tvm_compat.index32(match.m) >= start)
         body = T.IfThenElse(cond, _rebind(kernel.body, kernel.params, first.params), body)
     attrs = dict(func.attrs.items()) if func.attrs else {}
-    tile = tile_name(plans[0][1]) if len(plans) == 1 else \
-        ",".join(f"{tile_name(p)}@{start}" for start, p in plans)
-    tile += "p" if persistent else ""
+    tile = tile_name(plans[0][1], persistent) if len(plans) == 1 else \
+        ",".join(f"{tile_name(p, persistent)}@{start}" for start, p in plans)
     attrs.update({TIRX_KERNEL: True, IS_SCHEDULED: True, HOPPER_TILE: tile})
     attrs.pop(OP_PATTERN, None)
     return T.PrimFunc(params, body).with_attrs(attrs)

@@ -124,5 +124,7 @@ def symbolic_plans(match: GemmMatch, sms: int, min_k: int, dims: dict | None,
     return p if isinstance(p, str) else [(1, p)]
 
 
-def tile_name(p: Plan) -> str:
-    return f"128x{p.bn}x{BK}s{p.stages}"
+def tile_name(p: Plan, persistent: bool = False) -> str:
+    """The tile as the build report names it: rows x width x K-step, stages, ``p`` when the
+    kernel is persistent."""
+    return f"{BM}x{p.bn}x{BK}s{p.stages}" + ("p" if persistent else "")
